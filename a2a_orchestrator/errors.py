@@ -1,0 +1,89 @@
+"""The exceptions a2a-orchestrator raises.
+
+    OrchestratorError
+    ├── ConfigError                  misuse: fix the configuration or the call
+    │   ├── RoleNotFoundError        no role file by that name
+    │   └── RoleFileError            a role file that does not parse or validate
+    ├── ToolError                    a tool refused or failed (reported to the model)
+    │   └── PathOutsideWorkdirError  a path that leads outside the work directory
+    ├── ModelError                   the model could not be reached or answered badly
+    └── DelegationError              talking to a child failed at run time
+        ├── AgentUnavailableError    the agent cannot be reached
+        ├── DelegationTimeoutError   the agent did not answer in time
+        └── ProtocolError            the agent answered outside the A2A protocol
+
+On the wire the role server uses a2a-sdk's error classes, so JSON-RPC error
+codes stay the standard ones; these classes never cross the network.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentUnavailableError",
+    "ConfigError",
+    "DelegationError",
+    "DelegationTimeoutError",
+    "ModelError",
+    "OrchestratorError",
+    "PathOutsideWorkdirError",
+    "ProtocolError",
+    "RoleFileError",
+    "RoleNotFoundError",
+    "ToolError",
+]
+
+
+class OrchestratorError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConfigError(OrchestratorError):
+    """The configuration or the call is wrong; retrying will not help."""
+
+
+class RoleNotFoundError(ConfigError):
+    """No role by that name in any lookup directory."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        listing = ", ".join(known) if known else "(none)"
+        super().__init__(f"Unknown role {name!r}. Known roles: {listing}")
+
+
+class RoleFileError(ConfigError):
+    """A role file that cannot be used, naming the file and the field."""
+
+    def __init__(self, path: str, message: str, field: str | None = None) -> None:
+        self.path = path
+        self.field = field
+        where = f"{path}: field {field!r}" if field else path
+        super().__init__(f"{where}: {message}")
+
+
+class ToolError(OrchestratorError):
+    """A tool call that failed; its message goes back to the model."""
+
+
+class PathOutsideWorkdirError(ToolError):
+    """A path argument that resolves outside the session's work directory."""
+
+
+class ModelError(OrchestratorError):
+    """The model endpoint failed, was unreachable, or is misconfigured."""
+
+
+class DelegationError(OrchestratorError):
+    """Handing work to a child, or hearing back from it, failed."""
+
+
+class AgentUnavailableError(DelegationError):
+    """The agent could not be reached (refused, DNS, TLS, lost connection)."""
+
+
+class DelegationTimeoutError(DelegationError):
+    """The agent did not answer within the allowed time."""
+
+
+class ProtocolError(DelegationError):
+    """The agent answered with something the A2A protocol does not allow."""
