@@ -1,0 +1,51 @@
+"""Language models behind one small protocol.
+
+`Model` streams text deltas, tool calls and usage. `OpenAIModel` speaks to
+any OpenAI-compatible `/v1/chat/completions` endpoint; `ScriptedModel`
+replays recorded turns (tests, the offline demo). `resolve_model` picks one
+from a role's model name and `ModelSettings.from_env()`.
+"""
+
+from __future__ import annotations
+
+from .base import ChatMessage as ChatMessage
+from .base import Model as Model
+from .base import ModelItem as ModelItem
+from .base import TextDelta as TextDelta
+from .base import ToolCall as ToolCall
+from .base import ToolSpec as ToolSpec
+from .base import Usage as Usage
+from .config import OFFLINE_NOTICE as OFFLINE_NOTICE
+from .config import OFFLINE_SCRIPT as OFFLINE_SCRIPT
+from .config import ModelSettings as ModelSettings
+from .config import describe_model as describe_model
+from .config import is_scripted as is_scripted
+from .config import resolve_model as resolve_model
+from .openai import OpenAIModel as OpenAIModel
+from .scripted import ScriptedModel as ScriptedModel
+from .scripted import ScriptedToolCall as ScriptedToolCall
+from .scripted import ScriptedTurn as ScriptedTurn
+from .scripted import ScriptFunction as ScriptFunction
+from .scripted import TurnLike as TurnLike
+
+__all__ = [
+    "OFFLINE_NOTICE",
+    "OFFLINE_SCRIPT",
+    "ChatMessage",
+    "Model",
+    "ModelItem",
+    "ModelSettings",
+    "OpenAIModel",
+    "ScriptFunction",
+    "ScriptedModel",
+    "ScriptedToolCall",
+    "ScriptedTurn",
+    "TextDelta",
+    "ToolCall",
+    "ToolSpec",
+    "TurnLike",
+    "Usage",
+    "describe_model",
+    "is_scripted",
+    "resolve_model",
+]

@@ -1,0 +1,156 @@
+"""Child events: the one typed stream a parent sees from any child.
+
+Local and remote children produce the same events in the same order; over
+A2A they travel as task status updates and a result artifact (see `wire.py`,
+where that mapping is written once). Every event is a frozen value with a
+`kind` discriminator and serialises to a plain dict for the store and JSONL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from .models.base import Usage
+
+__all__ = [
+    "TERMINAL_KINDS",
+    "AssistantMessage",
+    "ChildEvent",
+    "Done",
+    "FailReason",
+    "Failed",
+    "InputRequired",
+    "MessageDelta",
+    "Started",
+    "ToolCalled",
+    "ToolResult",
+    "event_from_dict",
+    "event_to_dict",
+]
+
+FailReason: TypeAlias = Literal["error", "max_turns", "aborted", "timeout", "lost"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Started:
+    """The child began (or resumed) a turn of work."""
+
+    kind: Literal["started"] = "started"
+    role: str = ""
+    """The role the child runs as."""
+    model: str = ""
+    """The concrete model name, when known."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageDelta:
+    """A piece of assistant text as the model streams it."""
+
+    kind: Literal["message_delta"] = "message_delta"
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssistantMessage:
+    """A complete assistant message (the deltas before it, joined)."""
+
+    kind: Literal["message"] = "message"
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCalled:
+    """The child called a tool."""
+
+    kind: Literal["tool_called"] = "tool_called"
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolResult:
+    """A tool call finished; `success` is False when the tool refused or failed."""
+
+    kind: Literal["tool_result"] = "tool_result"
+    call_id: str
+    tool: str
+    output: str
+    success: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputRequired:
+    """The child stopped to ask its parent; a follow-up message continues it."""
+
+    kind: Literal["input_required"] = "input_required"
+    question: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    """The child finished its turn with a final answer."""
+
+    kind: Literal["done"] = "done"
+    text: str
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed:
+    """The child ended without an answer; `reason` says why."""
+
+    kind: Literal["failed"] = "failed"
+    reason: FailReason
+    message: str
+    usage: Usage = field(default_factory=Usage)
+
+
+ChildEvent: TypeAlias = (
+    Started
+    | MessageDelta
+    | AssistantMessage
+    | ToolCalled
+    | ToolResult
+    | InputRequired
+    | Done
+    | Failed
+)
+
+TERMINAL_KINDS = frozenset({"done", "failed", "input_required"})
+"""Kinds that end a turn: after one of them the child waits or is finished."""
+
+_BY_KIND: dict[str, type[Any]] = {
+    cls.kind: cls
+    for cls in (
+        Started,
+        MessageDelta,
+        AssistantMessage,
+        ToolCalled,
+        ToolResult,
+        InputRequired,
+        Done,
+        Failed,
+    )
+}
+
+
+def event_to_dict(event: ChildEvent) -> dict[str, Any]:
+    """A JSON-ready dict; `event_from_dict` turns it back."""
+    return asdict(event)
+
+
+def event_from_dict(data: dict[str, Any]) -> ChildEvent:
+    """Rebuild an event from `event_to_dict` output (or a stored payload)."""
+    kind = data.get("kind")
+    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown child event kind: {kind!r}")
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    if "usage" in fields and isinstance(fields["usage"], dict):
+        fields["usage"] = Usage(
+            input_tokens=int(fields["usage"].get("input_tokens", 0)),
+            output_tokens=int(fields["usage"].get("output_tokens", 0)),
+        )
+    return cls(**fields)

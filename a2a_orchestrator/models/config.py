@@ -1,0 +1,152 @@
+"""Which model a role gets: settings from the environment and name resolution.
+
+Roles name their model as `default`, `mini`, a concrete name (`gpt-4.1`,
+`llama3.1:8b`), or `scripted` / `scripted:<path>`. `resolve_model` turns that
+name into a `Model`. With no endpoint configured at all (no base URL, no API
+key) every non-scripted name resolves to a scripted model, and that model
+says plainly that it is scripted: an offline run never pretends to be real.
+
+Environment:
+
+    A2A_MODEL_BASE_URL  (or OPENAI_BASE_URL)   any OpenAI-compatible /v1 endpoint
+    A2A_MODEL_API_KEY   (or OPENAI_API_KEY)    its key; local servers need none
+    A2A_MODEL_DEFAULT   model for `default`    (gpt-4o)
+    A2A_MODEL_MINI      model for `mini`       (gpt-4o-mini)
+    A2A_MODEL_SCRIPT    script file the scripted model replays
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Model
+from .openai import OpenAIModel
+from .scripted import ScriptedModel
+
+__all__ = [
+    "OFFLINE_NOTICE",
+    "OFFLINE_SCRIPT",
+    "ModelSettings",
+    "describe_model",
+    "is_scripted",
+    "resolve_model",
+]
+
+OFFLINE_NOTICE = (
+    "model: scripted (offline) - no model endpoint is configured, so a scripted model "
+    "replays recorded turns and no language model is called. To use a real model, set "
+    "A2A_MODEL_BASE_URL and/or A2A_MODEL_API_KEY (or OPENAI_BASE_URL / OPENAI_API_KEY)."
+)
+"""The notice to print when the run is offline (`ModelSettings.offline`)."""
+
+OFFLINE_SCRIPT: tuple[Mapping[str, Any], ...] = (
+    {
+        "text": (
+            "This is the scripted offline model of a2a-orchestrator, not a language model. "
+            "No model endpoint is configured, so this task was not worked on.\n"
+            "To use a real model, set A2A_MODEL_BASE_URL to any OpenAI-compatible /v1 "
+            "endpoint (OpenAI, Ollama, vLLM, llama.cpp server, LM Studio) and, if it needs "
+            "one, A2A_MODEL_API_KEY; OPENAI_BASE_URL / OPENAI_API_KEY work too.\n"
+            "TASK_SKIPPED"
+        )
+    },
+)
+"""The one-turn script used offline when neither a script file nor a fallback is given."""
+
+_SCRIPTED = "scripted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    """Where models live and what `default` / `mini` mean."""
+
+    base_url: str | None = None
+    """The OpenAI-compatible endpoint; `None` means OpenAI's own."""
+    api_key: str | None = field(default=None, repr=False)
+    """The endpoint's key; `None` for local servers. Kept out of `repr`."""
+    default: str = "gpt-4o"
+    """The model a role gets for `default` (or no model at all)."""
+    mini: str = "gpt-4o-mini"
+    """The model a role gets for `mini`."""
+    script: str | None = None
+    """A script file for the scripted model (used offline and for `scripted`)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> ModelSettings:
+        """Read the `A2A_MODEL_*` variables, falling back to `OPENAI_*` for the
+        endpoint and key. Empty values count as unset."""
+
+        def get(*names: str) -> str | None:
+            for name in names:
+                value = environ.get(name, "").strip()
+                if value:
+                    return value
+            return None
+
+        return cls(
+            base_url=get("A2A_MODEL_BASE_URL", "OPENAI_BASE_URL"),
+            api_key=get("A2A_MODEL_API_KEY", "OPENAI_API_KEY"),
+            default=get("A2A_MODEL_DEFAULT") or cls.default,
+            mini=get("A2A_MODEL_MINI") or cls.mini,
+            script=get("A2A_MODEL_SCRIPT"),
+        )
+
+    @property
+    def offline(self) -> bool:
+        """No endpoint configured at all: neither a base URL nor an API key."""
+        return not self.base_url and not self.api_key
+
+
+def resolve_model(
+    name: str | None,
+    settings: ModelSettings,
+    *,
+    fallback_script: Sequence[Mapping[str, Any]] | None = None,
+) -> Model:
+    """The `Model` for a role's model name.
+
+    `None` and `"default"` mean `settings.default`, `"mini"` means
+    `settings.mini`, other names pass through (so `A2A_MODEL_DEFAULT` may
+    itself be `scripted:<path>`). `"scripted:<path>"` replays that file;
+    `"scripted"` replays `settings.script`. When `settings.offline`, or for a
+    bare `"scripted"` without a script file, the model is scripted from
+    `settings.script`, else `fallback_script`, else `OFFLINE_SCRIPT`.
+    A bad script file raises `ConfigError`.
+    """
+    if name is None or name == "default":
+        concrete = settings.default
+    elif name == "mini":
+        concrete = settings.mini
+    else:
+        concrete = name
+    if concrete.startswith(_SCRIPTED + ":"):
+        return ScriptedModel.from_file(concrete.removeprefix(_SCRIPTED + ":"))
+    if concrete == _SCRIPTED or settings.offline:
+        return _offline_model(settings, fallback_script)
+    return OpenAIModel(concrete, base_url=settings.base_url, api_key=settings.api_key)
+
+
+def _offline_model(
+    settings: ModelSettings, fallback_script: Sequence[Mapping[str, Any]] | None
+) -> ScriptedModel:
+    if settings.script:
+        return ScriptedModel.from_file(settings.script)
+    if fallback_script is not None:
+        return ScriptedModel(fallback_script)
+    return ScriptedModel(OFFLINE_SCRIPT, name="scripted:offline")
+
+
+def is_scripted(model: Model) -> bool:
+    """Whether `model` replays a script instead of calling a language model."""
+    return bool(getattr(model, "scripted", False))
+
+
+def describe_model(model: Model) -> str:
+    """One line for humans saying which model runs, and plainly if it is scripted."""
+    if is_scripted(model):
+        return f"model: scripted (offline) - {model.name} replays recorded turns, no language model"
+    base_url = getattr(model, "base_url", None)
+    return f"model: {model.name} at {base_url}" if base_url else f"model: {model.name}"

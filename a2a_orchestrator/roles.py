@@ -1,0 +1,393 @@
+"""Roles: named specialists, loaded from files and found by name.
+
+A role file is either Markdown with YAML front matter (the body is the
+prompt) or JSON in the Creo shape (`prompt`, `model`, `skills`, `tools`, and
+optionally `description`, `max_turns`, `timeout`). Either way the role's name
+is the file's stem; a `name` field, when present, must agree with it.
+
+Lookup contract: `role_dirs()` lists the directories in priority order, and
+the first directory holding `<name>.md` or `<name>.json` wins (within one
+directory `.md` beats `.json`). A file is parsed only when it is asked for,
+so a broken file in one directory never hides a good role in another, and
+`list_roles()` raises `RoleFileError` for the first broken file it loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, RoleFileError, RoleNotFoundError
+
+__all__ = [
+    "ROLE_NAME_PATTERN",
+    "Role",
+    "find_role",
+    "list_roles",
+    "load_role_file",
+    "role_dirs",
+    "shipped_roles_dir",
+    "validate_role_name",
+]
+
+ROLE_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]*")
+"""What a role name may look like. Names become file names, so anything with
+a dot or a slash (`../etc/passwd`) is refused before it reaches the disk."""
+
+# Priority order inside one directory: the first suffix found wins.
+_SUFFIXES = (".md", ".json")
+
+# Markdown carries the prompt as its body; JSON carries it as a field.
+_MARKDOWN_FIELDS = frozenset(
+    {"name", "description", "model", "tools", "skills", "max_turns", "timeout"}
+)
+_JSON_FIELDS = _MARKDOWN_FIELDS | {"prompt"}
+
+_FRONT_MATTER_FENCE = "---"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Role:
+    """A named specialist: what it is told, which model runs it, what it may use."""
+
+    name: str
+    """The role's name, equal to its file's stem (`coder` for `coder.md`)."""
+    description: str = ""
+    """One line for people and agent cards: what to hand this role."""
+    prompt: str
+    """The system prompt."""
+    model: str = "default"
+    """`default`, `mini`, a concrete model name, or `scripted[:path]`."""
+    tools: tuple[str, ...] = ()
+    """The tool allow-list; the role gets these tools and no others."""
+    skills: tuple[str, ...] = ()
+    """Short skill ids (`software-design`), advertised on the agent card."""
+    max_turns: int = 10
+    """Most model turns one conversation may take."""
+    timeout: float = 60.0
+    """Most seconds one conversation may run."""
+    source: Path | None = None
+    """The file the role was loaded from; `None` for roles built in code."""
+
+    def with_overrides(
+        self,
+        *,
+        description: str | None = None,
+        prompt: str | None = None,
+        model: str | None = None,
+        tools: Iterable[str] | None = None,
+        skills: Iterable[str] | None = None,
+        max_turns: int | None = None,
+        timeout: float | None = None,
+    ) -> Role:
+        """A copy with the given fields replaced; `None` keeps the current value.
+
+        Raises `ConfigError` for an empty prompt or model, or a limit that is
+        not positive, so a bad override fails here rather than mid-run.
+        """
+        changes: dict[str, Any] = {}
+        if description is not None:
+            changes["description"] = description
+        if prompt is not None:
+            if not prompt.strip():
+                raise ConfigError(f"role {self.name!r}: prompt override is empty")
+            changes["prompt"] = prompt
+        if model is not None:
+            if not model.strip():
+                raise ConfigError(f"role {self.name!r}: model override is empty")
+            changes["model"] = model.strip()
+        if tools is not None:
+            changes["tools"] = tuple(tools)
+        if skills is not None:
+            changes["skills"] = tuple(skills)
+        if max_turns is not None:
+            if not _is_positive_int(max_turns):
+                raise ConfigError(f"role {self.name!r}: max_turns must be a positive integer")
+            changes["max_turns"] = max_turns
+        if timeout is not None:
+            if not _is_positive_number(timeout):
+                raise ConfigError(f"role {self.name!r}: timeout must be a positive number")
+            changes["timeout"] = float(timeout)
+        return dataclasses.replace(self, **changes)
+
+
+def validate_role_name(name: str) -> str:
+    """Return `name` if it is a valid role name, else raise `ConfigError`."""
+    if not isinstance(name, str) or not ROLE_NAME_PATTERN.fullmatch(name):
+        raise ConfigError(
+            f"Invalid role name {name!r}: use lowercase letters, digits, '-' and '_', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def shipped_roles_dir() -> Path:
+    """The directory of the roles that ship with the package.
+
+    An installed wheel carries them inside the package (`_shipped_roles`,
+    mapped from the repository's `roles/` by hatch force-include); a source
+    or editable checkout has only the repository's top-level `roles/`.
+    """
+    package_dir = Path(__file__).resolve().parent
+    inside = package_dir / "_shipped_roles"
+    if inside.is_dir():
+        return inside
+    return package_dir.parent / "roles"
+
+
+def role_dirs(
+    cwd: str | os.PathLike[str] | None = None, home: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """The lookup directories, highest priority first.
+
+    `./roles/`, `./.a2a/roles/` (under `cwd`), `~/.config/a2a-orchestrator/roles/`
+    (under `home`), then the shipped roles. Directories that do not exist are
+    listed all the same; lookup skips them. A directory reached twice (running
+    from the repository root makes `./roles/` the shipped one) is listed once.
+    """
+    base = Path.cwd() if cwd is None else Path(cwd)
+    user_home = Path.home() if home is None else Path(home)
+    candidates = [
+        base / "roles",
+        base / ".a2a" / "roles",
+        user_home / ".config" / "a2a-orchestrator" / "roles",
+        shipped_roles_dir(),
+    ]
+    seen: set[Path] = set()
+    dirs: list[Path] = []
+    for directory in candidates:
+        key = directory.resolve()
+        if key not in seen:
+            seen.add(key)
+            dirs.append(directory)
+    return dirs
+
+
+def find_role(
+    name: str,
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> Role:
+    """Load the role called `name` from the first lookup directory that has it.
+
+    Raises `ConfigError` for an invalid name, `RoleNotFoundError` (listing
+    every known role, sorted) when no directory has it, and `RoleFileError`
+    when the file found is malformed.
+    """
+    validate_role_name(name)
+    dirs = role_dirs(cwd, home)
+    for directory in dirs:
+        path = _role_file_in(directory, name)
+        if path is not None:
+            return load_role_file(path)
+    raise RoleNotFoundError(name, sorted(_index(dirs)))
+
+
+def list_roles(
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> dict[str, Role]:
+    """Every role reachable by name, sorted by name, each from its winning file.
+
+    Raises `RoleFileError` for the first winning file that is malformed; a
+    shadowed file is never read.
+    """
+    index = _index(role_dirs(cwd, home))
+    return {name: load_role_file(index[name]) for name in sorted(index)}
+
+
+def load_role_file(path: str | os.PathLike[str]) -> Role:
+    """Parse and validate one role file (`.md` or `.json`).
+
+    Every problem is a `RoleFileError` naming the file and, where there is
+    one, the field.
+    """
+    path = Path(path)
+    where = str(path)
+    suffix = path.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise RoleFileError(where, "a role file must end in .md or .json")
+    if not ROLE_NAME_PATTERN.fullmatch(path.stem):
+        raise RoleFileError(
+            where,
+            f"the file name {path.stem!r} is not a valid role name "
+            "(lowercase letters, digits, '-' and '_')",
+            field="name",
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RoleFileError(where, f"not UTF-8 text: {exc}") from exc
+    except OSError as exc:
+        raise RoleFileError(where, f"cannot read: {exc.strerror or exc}") from exc
+
+    if suffix == ".md":
+        fields, prompt = _parse_markdown(where, text)
+        _check_known_fields(where, fields, _MARKDOWN_FIELDS)
+    else:
+        fields = _parse_json(where, text)
+        _check_known_fields(where, fields, _JSON_FIELDS)
+        prompt = fields.pop("prompt", None)
+    return _build_role(where, path, fields, prompt)
+
+
+# --- lookup helpers -----------------------------------------------------------
+
+
+def _role_file_in(directory: Path, name: str) -> Path | None:
+    for suffix in _SUFFIXES:
+        candidate = directory / f"{name}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _index(dirs: list[Path]) -> dict[str, Path]:
+    """Map each role name to its winning file, without parsing any file.
+
+    Files whose stem is not a valid role name (a `README.md` beside the roles)
+    are not roles and are passed over.
+    """
+    index: dict[str, Path] = {}
+    for directory in dirs:
+        if not directory.is_dir():
+            continue
+        local: dict[str, Path] = {}
+        # Sorting by suffix priority makes `.md` win over `.json` in one directory.
+        entries = sorted(
+            (p for p in directory.iterdir() if p.suffix in _SUFFIXES and p.is_file()),
+            key=lambda p: (p.stem, _SUFFIXES.index(p.suffix)),
+        )
+        for entry in entries:
+            if ROLE_NAME_PATTERN.fullmatch(entry.stem):
+                local.setdefault(entry.stem, entry)
+        for name, entry in local.items():
+            index.setdefault(name, entry)
+    return index
+
+
+# --- parsing helpers ----------------------------------------------------------
+
+
+def _parse_markdown(where: str, text: str) -> tuple[dict[str, Any], str]:
+    """Split front matter from body. A file without front matter is all prompt."""
+    text = text.removeprefix("\ufeff")  # editors on Windows like to add a BOM
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != _FRONT_MATTER_FENCE:
+        return {}, text
+    for index in range(1, len(lines)):
+        if lines[index].strip() == _FRONT_MATTER_FENCE:
+            header = "".join(lines[1:index])
+            body = "".join(lines[index + 1 :])
+            break
+    else:
+        raise RoleFileError(where, "front matter opened with '---' but never closed")
+    try:
+        data = yaml.safe_load(header)
+    except yaml.YAMLError as exc:
+        raise RoleFileError(where, f"front matter is not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RoleFileError(
+            where, f"front matter must be a mapping of fields, got {type(data).__name__}"
+        )
+    if "prompt" in data:
+        raise RoleFileError(
+            where, "unknown field; in a Markdown role the prompt is the body", field="prompt"
+        )
+    return data, body
+
+
+def _parse_json(where: str, text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RoleFileError(where, f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RoleFileError(where, f"must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check_known_fields(where: str, fields: dict[str, Any], allowed: frozenset[str]) -> None:
+    for key in fields:
+        if not isinstance(key, str):
+            raise RoleFileError(where, "field names must be strings", field=str(key))
+        if key not in allowed:
+            raise RoleFileError(
+                where, f"unknown field; known fields are {', '.join(sorted(allowed))}", field=key
+            )
+
+
+def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> Role:
+    name = path.stem
+    if "name" in fields and fields["name"] != name:
+        raise RoleFileError(
+            where, f"is {fields['name']!r} but the file is named {name!r}", field="name"
+        )
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise RoleFileError(where, "missing or empty", field="prompt")
+    description = fields.get("description", "")
+    if description is None:
+        description = ""
+    if not isinstance(description, str):
+        raise RoleFileError(where, "must be a string", field="description")
+    model = fields.get("model", "default")
+    if not isinstance(model, str) or not model.strip():
+        raise RoleFileError(where, "must be a non-empty string", field="model")
+    max_turns = fields.get("max_turns", 10)
+    if not _is_positive_int(max_turns):
+        raise RoleFileError(
+            where, f"must be a positive integer, got {max_turns!r}", field="max_turns"
+        )
+    timeout = fields.get("timeout", 60.0)
+    if not _is_positive_number(timeout):
+        raise RoleFileError(where, f"must be a positive number, got {timeout!r}", field="timeout")
+    return Role(
+        name=name,
+        description=description.strip(),
+        prompt=prompt.strip(),
+        model=model.strip(),
+        tools=_string_list(where, fields, "tools"),
+        skills=_string_list(where, fields, "skills"),
+        max_turns=max_turns,
+        timeout=float(timeout),
+        source=path,
+    )
+
+
+def _string_list(where: str, fields: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = fields.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(item, str) and item.strip() for item in value
+    ):
+        raise RoleFileError(where, "must be a list of non-empty strings", field=key)
+    # Order is kept (it is the order the model sees); repeats add nothing.
+    return tuple(dict.fromkeys(item.strip() for item in value))
+
+
+def _is_positive_int(value: object) -> bool:
+    # bool is an int subclass; `max_turns: true` is a mistake, not 1.
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_positive_number(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )

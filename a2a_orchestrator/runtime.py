@@ -1,0 +1,306 @@
+"""The agent runtime: one isolated conversation over a `Model` and its tools.
+
+Contract kept here:
+
+- A `Conversation` holds its own transcript and sees no other history unless
+  it was constructed with one (an explicit shared context).
+- `run(text, emit)` plays one turn: it takes the input, then loops
+  model -> tool calls -> tool results until a final answer, an `ask_parent`
+  question, the step budget (`max_turns` model calls), the time limit, or an
+  abort. It emits `Started` first and exactly one terminal event last
+  (`Done`, `InputRequired` or `Failed`), which it also returns. One turn at a
+  time; a second concurrent `run` is a `RuntimeError`.
+- Errors are contained: a failing tool becomes an unsuccessful `ToolResult`
+  the model reads; a failing model or a bug in the loop ends the turn as
+  `Failed(reason="error")`. Only outside cancellation propagates (the caller
+  owns it; a running command's process group is killed by the tool itself).
+- `abort()` ends the running turn as `Failed(reason="aborted")`.
+  `pause()`/`resume()` hold the loop at the next step boundary; paused time
+  does not count against the timeout.
+- `steer(text)` and `deliver(uuid, text)` queue input that the loop absorbs at
+  step boundaries, never at step 0: steering first, then child results.
+  Child results are de-duplicated by their event uuid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+
+from .errors import ModelError, ToolError
+from .events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    FailReason,
+    InputRequired,
+    MessageDelta,
+    Started,
+    ToolCalled,
+    ToolResult,
+)
+from .models.base import ChatMessage, Model, TextDelta, ToolCall, ToolSpec, Usage
+from .tools.base import Tool
+
+__all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "Conversation", "Emit"]
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[[ChildEvent], Awaitable[None]]
+
+ASK_PARENT = "ask_parent"
+ASK_PARENT_SPEC = ToolSpec(
+    name=ASK_PARENT,
+    description=(
+        "Ask the agent that gave you this task a question and stop until it answers. "
+        "Use it only when you cannot go on without the answer."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {"question": {"type": "string", "description": "The question to ask."}},
+        "required": ["question"],
+    },
+)
+
+DEFAULT_MAX_TURNS = 10
+DEFAULT_TIMEOUT = 60.0
+
+
+class Conversation:
+    """One isolated agent conversation (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        system_prompt: str = "",
+        tools: Sequence[Tool] = (),
+        ask_parent: bool = False,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        timeout: float = DEFAULT_TIMEOUT,
+        role: str = "",
+        messages: Sequence[ChatMessage] | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.model = model
+        self.role = role
+        self.max_turns = max_turns
+        self.timeout = timeout
+        self._tools = {tool.name: tool for tool in tools}
+        self._specs = [tool.spec for tool in tools] + ([ASK_PARENT_SPEC] if ask_parent else [])
+        self._ask_parent = ask_parent
+        if messages is not None:
+            self.messages: list[ChatMessage] = [dict(m) for m in messages]
+        else:
+            self.messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.usage = Usage()
+        self._turn_usage = Usage()
+        self._running = False
+        self._aborted: tuple[FailReason, str] | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._resumed = anyio.Event()
+        self._resumed.set()
+        self._steering: list[str] = []
+        self._results: list[tuple[str, str]] = []
+        self._seen: set[str] = set()
+
+    # -- state ------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    @property
+    def pending_question(self) -> str | None:
+        """The id of an `ask_parent` call still waiting for its answer.
+
+        Derived from the transcript, so a conversation rebuilt from stored
+        messages knows that the next input is the answer.
+        """
+        answered = {m.get("tool_call_id") for m in self.messages if m.get("role") == "tool"}
+        for message in reversed(self.messages):
+            if message.get("role") != "assistant":
+                continue
+            for call in message.get("tool_calls") or ():
+                if call["function"]["name"] == ASK_PARENT and call["id"] not in answered:
+                    return str(call["id"])
+            return None
+        return None
+
+    # -- control ------------------------------------------------------------
+
+    def abort(self, reason: FailReason = "aborted", message: str = "aborted") -> None:
+        """End the running turn as `Failed(reason, message)`; no-op when idle."""
+        if self._scope is not None:
+            self._aborted = (reason, message)
+            self._scope.cancel()
+
+    def pause(self) -> None:
+        """Hold the loop at its next step boundary until `resume()`."""
+        if self._resumed.is_set():
+            self._resumed = anyio.Event()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    def steer(self, text: str) -> None:
+        """Queue steering input (absorbed before child results)."""
+        self._steering.append(text)
+
+    def deliver(self, uuid: str, text: str) -> bool:
+        """Queue a child's result; False when that uuid was seen already."""
+        if uuid in self._seen:
+            return False
+        self._seen.add(uuid)
+        self._results.append((uuid, text))
+        return True
+
+    # -- the loop -----------------------------------------------------------
+
+    async def run(self, text: str | None, emit: Emit) -> ChildEvent:
+        """Play one turn; `text=None` continues from the transcript as it is."""
+        if self._running:
+            raise RuntimeError("this conversation is already running a turn")
+        self._running = True
+        self._aborted = None
+        try:
+            if text is not None:
+                self._take_input(text)
+            await emit(Started(role=self.role, model=self.model.name))
+            terminal: ChildEvent | None = None
+            with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as scope:
+                self._scope = scope
+                try:
+                    terminal = await self._loop(emit)
+                except ModelError as exc:
+                    terminal = Failed(reason="error", message=str(exc))
+                except Exception as exc:  # contained: one child's bug ends only its turn
+                    logger.exception("conversation loop failed")
+                    terminal = Failed(reason="error", message=f"{type(exc).__name__}: {exc}")
+            self._scope = None
+            if terminal is None:
+                if self._aborted is not None:
+                    reason, message = self._aborted
+                    terminal = Failed(reason=reason, message=message)
+                else:
+                    terminal = Failed(
+                        reason="timeout", message=f"timed out after {self.timeout:g} s"
+                    )
+            if isinstance(terminal, Done | Failed):
+                terminal = dataclasses.replace(terminal, usage=self._turn_usage)
+            await emit(terminal)
+            return terminal
+        finally:
+            self._scope = None
+            self._running = False
+
+    def _take_input(self, text: str) -> None:
+        pending = self.pending_question
+        if pending is not None:
+            # The answer to an `ask_parent` call is that call's tool result.
+            self.messages.append({"role": "tool", "tool_call_id": pending, "content": text})
+        else:
+            self.messages.append({"role": "user", "content": text})
+
+    async def _checkpoint(self, scope_holder: anyio.CancelScope | None) -> None:
+        if self._resumed.is_set():
+            return
+        started = anyio.current_time()
+        await self._resumed.wait()
+        if scope_holder is not None:
+            scope_holder.deadline += anyio.current_time() - started
+
+    def _absorb(self) -> None:
+        for text in self._steering:
+            self.messages.append({"role": "user", "content": text})
+        for _uuid, text in self._results:
+            self.messages.append({"role": "user", "content": text})
+        self._steering.clear()
+        self._results.clear()
+
+    async def _loop(self, emit: Emit) -> ChildEvent:
+        self._turn_usage = Usage()
+        for step in range(self.max_turns):
+            await self._checkpoint(self._scope)
+            if step > 0:
+                self._absorb()
+            parts: list[str] = []
+            calls: list[ToolCall] = []
+            async for item in self.model.stream(self.messages, self._specs):
+                if isinstance(item, TextDelta):
+                    if item.text:
+                        parts.append(item.text)
+                        await emit(MessageDelta(text=item.text))
+                elif isinstance(item, ToolCall):
+                    calls.append(item)
+                else:
+                    self._turn_usage = self._turn_usage + item
+                    self.usage = self.usage + item
+            text = "".join(parts)
+            self.messages.append(_assistant_message(text, calls))
+            if text:
+                await emit(AssistantMessage(text=text))
+            if not calls:
+                return Done(text=text)
+            # Announce the whole batch before running it: one assistant
+            # message, then its results, which is also how the transcript is
+            # rebuilt from a task's history (wire.transcript_from_history).
+            for call in calls:
+                await emit(ToolCalled(call_id=call.id, tool=call.name, arguments=call.arguments))
+            question: str | None = None
+            for call in calls:
+                if call.name == ASK_PARENT and self._ask_parent:
+                    question = str(call.arguments.get("question", "")).strip() or "(no question)"
+                    continue
+                output, success = await self._call_tool(call)
+                self.messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+                await emit(
+                    ToolResult(call_id=call.id, tool=call.name, output=output, success=success)
+                )
+            if question is not None:
+                return InputRequired(question=question)
+        return Failed(
+            reason="max_turns",
+            message=f"exhausted its step budget of {self.max_turns} model calls",
+        )
+
+    async def _call_tool(self, call: ToolCall) -> tuple[str, bool]:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools)) or "(none)"
+            return f"Unknown tool {call.name!r}. Available tools: {known}", False
+        if "_raw" in call.arguments:
+            return f"Arguments for {call.name} are not valid JSON: {call.arguments['_raw']}", False
+        try:
+            return await tool.run(call.arguments), True
+        except ToolError as exc:
+            return str(exc), False
+        except (TypeError, KeyError, ValueError) as exc:
+            return f"Bad arguments for {call.name}: {exc}", False
+
+
+def _assistant_message(text: str, calls: Sequence[ToolCall]) -> ChatMessage:
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            for call in calls
+        ]
+    return message

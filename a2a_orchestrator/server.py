@@ -1,0 +1,216 @@
+"""The role server: one role served as an A2A v1.0 agent.
+
+a2a-sdk does the protocol (`DefaultRequestHandler`, its route builders, the
+SQL task store); this module assembles them around a `RoleExecutor`: the
+agent card built from the role, JSON-RPC at `/`, HTTP+JSON under `/rest`,
+the v0.3 compatibility layer on both, optional bearer-token auth, and a
+request-body limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
+from a2a.server.tasks import DatabaseTaskStore
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+)
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from anyio.abc import TaskStatus
+from sqlalchemy.ext.asyncio import create_async_engine
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+
+from .executor import RoleExecutor
+from .middleware import DEFAULT_MAX_BODY, BearerTokenBackend, BodyLimitMiddleware, auth_error
+from .models.base import Model
+from .roles import Role
+from .serving import bind_socket, serve
+from .tools import Workspace
+
+__all__ = [
+    "REST_PREFIX",
+    "RunningServer",
+    "build_app",
+    "build_card",
+    "database_url",
+    "open_task_store",
+    "run_role_server",
+]
+
+REST_PREFIX = "/rest"
+BEARER_SCHEME = "bearer"
+VERSION = "0.1.0"
+
+
+def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
+    """The agent card of a role served at `url` (no trailing slash)."""
+    url = url.rstrip("/")
+    skills = [
+        AgentSkill(
+            id=skill,
+            name=skill.replace("-", " "),
+            description=f"{role.description} ({skill})".strip(),
+            tags=[role.name, skill],
+        )
+        for skill in role.skills
+    ] or [AgentSkill(id=role.name, name=role.name, description=role.description, tags=[role.name])]
+    card = AgentCard(
+        name=role.name,
+        description=role.description or f"The {role.name} role",
+        version=VERSION,
+        supported_interfaces=[
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
+            AgentInterface(
+                url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="1.0"
+            ),
+            # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick this one.
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
+        ],
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain", "application/json"],
+        skills=skills,
+    )
+    if auth:
+        card.security_schemes[BEARER_SCHEME].CopyFrom(
+            SecurityScheme(
+                http_auth_security_scheme=HTTPAuthSecurityScheme(
+                    scheme="bearer", description="Token shared with the role server's operator"
+                )
+            )
+        )
+        card.security_requirements.append(
+            SecurityRequirement(schemes={BEARER_SCHEME: StringList()})
+        )
+    return card
+
+
+def database_url(db: str) -> str:
+    """An SQLAlchemy async URL; a bare path means an SQLite file."""
+    if "://" in db:
+        return db
+    path = Path(db).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+def open_task_store(db: str) -> DatabaseTaskStore:
+    """a2a-sdk's SQL task store on `db` (a path or any SQLAlchemy async URL)."""
+    return DatabaseTaskStore(create_async_engine(database_url(db)), create_table=True)
+
+
+def build_app(
+    executor: RoleExecutor,
+    card: AgentCard,
+    task_store: DatabaseTaskStore,
+    *,
+    token: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> Starlette:
+    """The Starlette app of a role server; its lifespan owns the handler."""
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=task_store, agent_card=card)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await task_store.initialize()
+        try:
+            yield
+        finally:
+            await executor.shutdown()
+            await handler.aclose()
+            await task_store.engine.dispose()
+
+    routes = [
+        *create_agent_card_routes(card, cache_control="public, max-age=60"),
+        *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
+        *create_rest_routes(handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True),
+    ]
+    middleware = [Middleware(BodyLimitMiddleware, max_bytes=max_body)]
+    if token:
+        backend = BearerTokenBackend(token, public_paths={AGENT_CARD_WELL_KNOWN_PATH})
+        middleware.append(
+            Middleware(AuthenticationMiddleware, backend=backend, on_error=auth_error)
+        )
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.executor = executor
+    app.state.handler = handler
+    return app
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunningServer:
+    """A role server that is up: where it listens and what runs it."""
+
+    url: str
+    """Base URL (the card's JSON-RPC endpoint)."""
+    port: int
+    executor: RoleExecutor
+    stopped: anyio.Event
+    """Set once the server has shut down (e.g. after SIGTERM)."""
+
+
+@contextlib.asynccontextmanager
+async def run_role_server(
+    role: Role,
+    model: Model,
+    workdir: Path,
+    *,
+    db: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    public_url: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    install_signal_handlers: bool = False,
+) -> AsyncIterator[RunningServer]:
+    """Serve `role` until the block exits (or a signal stops it).
+
+    The socket is bound before the card is built, so the card names the real
+    port; `public_url` replaces it where clients reach the server by another
+    name (a container's service name).
+    """
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    url = (public_url or f"http://{reachable}:{bound}").rstrip("/")
+    executor = RoleExecutor(role, model, Workspace(workdir))
+    app = build_app(
+        executor,
+        build_card(role, url, auth=bool(token)),
+        open_task_store(db),
+        token=token,
+        max_body=max_body,
+    )
+    stopped = anyio.Event()
+
+    async def run(*, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await serve(
+                app,
+                sock,
+                before_shutdown=executor.shutdown,
+                install_signal_handlers=install_signal_handlers,
+                task_status=task_status,
+            )
+        finally:
+            stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(run)
+        yield RunningServer(url=url, port=bound, executor=executor, stopped=stopped)
+        tg.cancel_scope.cancel()

@@ -1,0 +1,311 @@
+"""Child events on the A2A wire, both ways, written once.
+
+Server side, `publish` turns each `ChildEvent` into task updates:
+
+| event            | A2A                                                          |
+|------------------|--------------------------------------------------------------|
+| started          | status WORKING, text "<role> started"                        |
+| message_delta    | status WORKING, text part (the delta)                        |
+| message          | status WORKING, text part (the whole message)                |
+| tool_called      | status WORKING, data part {call_id, tool, arguments}         |
+| tool_result      | status WORKING, data part {call_id, tool, output, success}   |
+| input_required   | status INPUT_REQUIRED, text part (the question)              |
+| done             | artifact "result" (text part), then status COMPLETED         |
+| failed           | status FAILED (CANCELED when aborted), text part, reason     |
+
+Every status message carries `metadata[EVENT_KEY] = kind` (and the usage or
+reason where the event has one), so our own client reads events back exactly;
+a foreign A2A agent's plain status updates and artifacts decode to the
+closest events (`StreamDecoder`). Agent status messages end up in the task's
+history, so a conversation can be rebuilt from a stored task
+(`transcript_from_history`) after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from a2a.helpers import get_message_text, new_data_part, new_text_part
+from a2a.server.tasks import TaskUpdater
+from a2a.types import Message, Part, Role, StreamResponse, Task, TaskState
+from google.protobuf.json_format import MessageToDict
+
+from .events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    FailReason,
+    InputRequired,
+    MessageDelta,
+    Started,
+    ToolCalled,
+    ToolResult,
+)
+from .models.base import ChatMessage, Usage
+from .runtime import ASK_PARENT
+
+__all__ = [
+    "EVENT_KEY",
+    "RESULT_ARTIFACT",
+    "StreamDecoder",
+    "publish",
+    "transcript_from_history",
+]
+
+EVENT_KEY = "a2a_orchestrator.event"
+RESULT_ARTIFACT = "result"
+
+_FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost"}
+
+
+async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
+    """Send one child event as the A2A updates the table above gives."""
+    meta: dict[str, Any] = {EVENT_KEY: event.kind}
+    data: dict[str, Any]
+    working = TaskState.TASK_STATE_WORKING
+    match event:
+        case Started(role=role, model=model):
+            meta.update(role=role, model=model)
+            await _status(updater, working, [new_text_part(f"{role or 'agent'} started")], meta)
+        case MessageDelta(text=text) | AssistantMessage(text=text):
+            await _status(updater, working, [new_text_part(text)], meta)
+        case ToolCalled(call_id=call_id, tool=tool, arguments=arguments):
+            data = {"call_id": call_id, "tool": tool, "arguments": arguments}
+            await _status(updater, working, [new_data_part(data)], meta)
+        case ToolResult(call_id=call_id, tool=tool, output=output, success=success):
+            data = {
+                "call_id": call_id,
+                "tool": tool,
+                "output": output,
+                "success": success,
+            }
+            await _status(updater, working, [new_data_part(data)], meta)
+        case InputRequired(question=question):
+            state = TaskState.TASK_STATE_INPUT_REQUIRED
+            await _status(updater, state, [new_text_part(question)], meta)
+        case Done(text=text, usage=usage):
+            meta["usage"] = usage.as_dict()
+            await updater.add_artifact(
+                [new_text_part(text)], name=RESULT_ARTIFACT, metadata={"usage": usage.as_dict()}
+            )
+            state = TaskState.TASK_STATE_COMPLETED
+            await _status(updater, state, [new_text_part(text)], meta)
+        case Failed(reason=reason, message=message, usage=usage):
+            meta.update(reason=reason, usage=usage.as_dict())
+            state = (
+                TaskState.TASK_STATE_CANCELED
+                if reason == "aborted"
+                else TaskState.TASK_STATE_FAILED
+            )
+            await _status(updater, state, [new_text_part(message)], meta)
+
+
+async def _status(
+    updater: TaskUpdater, state: TaskState, parts: list[Part], meta: dict[str, Any]
+) -> None:
+    await updater.update_status(state, updater.new_agent_message(parts, metadata=meta))
+
+
+def _meta(message: Message) -> dict[str, Any]:
+    return MessageToDict(message.metadata) if message.HasField("metadata") else {}
+
+
+def _data(message: Message) -> dict[str, Any]:
+    for part in message.parts:
+        if part.HasField("data"):
+            value = MessageToDict(part.data)
+            if isinstance(value, dict):
+                return value
+    return {}
+
+
+def _usage(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    return Usage(
+        input_tokens=int(raw.get("input_tokens", 0) or 0),
+        output_tokens=int(raw.get("output_tokens", 0) or 0),
+    )
+
+
+def _reason(raw: Any, default: FailReason) -> FailReason:
+    return raw if isinstance(raw, str) and raw in _FAIL_REASONS else default  # type: ignore[return-value]
+
+
+def _decode_ours(kind: str, message: Message) -> ChildEvent | None:
+    meta = _meta(message)
+    text = get_message_text(message)
+    data = _data(message)
+    match kind:
+        case "started":
+            return Started(role=str(meta.get("role", "")), model=str(meta.get("model", "")))
+        case "message_delta":
+            return MessageDelta(text=text)
+        case "message":
+            return AssistantMessage(text=text)
+        case "tool_called":
+            args = data.get("arguments")
+            return ToolCalled(
+                call_id=str(data.get("call_id", "")),
+                tool=str(data.get("tool", "")),
+                arguments=args if isinstance(args, dict) else {},
+            )
+        case "tool_result":
+            return ToolResult(
+                call_id=str(data.get("call_id", "")),
+                tool=str(data.get("tool", "")),
+                output=str(data.get("output", "")),
+                success=bool(data.get("success", False)),
+            )
+        case "input_required":
+            return InputRequired(question=text)
+        case "done":
+            return Done(text=text, usage=_usage(meta.get("usage")))
+        case "failed":
+            return Failed(
+                reason=_reason(meta.get("reason"), "error"),
+                message=text,
+                usage=_usage(meta.get("usage")),
+            )
+    return None
+
+
+class StreamDecoder:
+    """Turns a task's stream responses back into child events.
+
+    Stateful per task: a foreign agent may put its answer in artifacts and
+    end with a bare COMPLETED status, so artifact text is kept until then.
+    """
+
+    def __init__(self) -> None:
+        self._artifact_text: list[str] = []
+        self._started = False
+
+    def decode(self, response: StreamResponse) -> list[ChildEvent]:
+        which = response.WhichOneof("payload")
+        if which == "task":
+            return self.decode_task(response.task)
+        if which == "artifact_update":
+            artifact = response.artifact_update.artifact
+            self._artifact_text.extend(p.text for p in artifact.parts if p.HasField("text"))
+            return []
+        if which == "status_update":
+            status = response.status_update.status
+            return self._decode_status(
+                status.state, status.message if status.HasField("message") else None
+            )
+        if which == "message":
+            # A peer that answers with a bare message finished in one step.
+            return [*self._start(), Done(text=get_message_text(response.message))]
+        return []
+
+    def decode_task(self, task: Task) -> list[ChildEvent]:
+        """A task snapshot: only its final state matters (GetTask, first frame)."""
+        for artifact in task.artifacts:
+            if artifact.name == RESULT_ARTIFACT or not self._artifact_text:
+                self._artifact_text.extend(p.text for p in artifact.parts if p.HasField("text"))
+        state = task.status.state
+        if state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING):
+            return []
+        message = task.status.message if task.status.HasField("message") else None
+        return self._decode_status(state, message)
+
+    def _start(self) -> list[ChildEvent]:
+        if self._started:
+            return []
+        self._started = True
+        return [Started()]
+
+    def _decode_status(self, state: TaskState, message: Message | None) -> list[ChildEvent]:
+        if message is not None:
+            kind = _meta(message).get(EVENT_KEY)
+            if isinstance(kind, str):
+                event = _decode_ours(kind, message)
+                if isinstance(event, Started):
+                    self._started = True
+                return [event] if event is not None else []
+        text = get_message_text(message) if message is not None else ""
+        events = self._start()
+        match state:
+            case TaskState.TASK_STATE_WORKING | TaskState.TASK_STATE_SUBMITTED:
+                if text:
+                    events.append(AssistantMessage(text=text))
+            case TaskState.TASK_STATE_INPUT_REQUIRED | TaskState.TASK_STATE_AUTH_REQUIRED:
+                events.append(InputRequired(question=text or "(input required)"))
+            case TaskState.TASK_STATE_COMPLETED:
+                result = "\n".join(self._artifact_text) if self._artifact_text else text
+                events.append(Done(text=result))
+            case TaskState.TASK_STATE_CANCELED:
+                events.append(Failed(reason="aborted", message=text or "canceled"))
+            case TaskState.TASK_STATE_FAILED | TaskState.TASK_STATE_REJECTED:
+                events.append(Failed(reason="error", message=text or "failed"))
+        return events
+
+
+def transcript_from_history(
+    task: Task, system_prompt: str, *, exclude: str = ""
+) -> list[ChatMessage]:
+    """Rebuild a conversation's chat messages from a stored task.
+
+    Inverse of `publish` over `task.history` (plus the current status
+    message, which has not moved into the history yet): user messages become
+    user turns, or the answer to a pending `ask_parent` call; our `message`
+    and `tool_called` events become assistant turns; `tool_result` events
+    become tool messages. Deltas and lifecycle events carry nothing new.
+    `exclude` names a message to leave out (the request being handled now,
+    which the conversation takes as its new input).
+    """
+    messages: list[ChatMessage] = (
+        [{"role": "system", "content": system_prompt}] if system_prompt else []
+    )
+    history = list(task.history)
+    if task.status.HasField("message"):
+        history.append(task.status.message)
+    pending_ask: str | None = None
+    seen: set[str] = {exclude} if exclude else set()
+    for message in history:
+        if message.message_id in seen:
+            continue
+        seen.add(message.message_id)
+        if message.role == Role.ROLE_USER:
+            text = get_message_text(message)
+            if pending_ask is not None:
+                messages.append({"role": "tool", "tool_call_id": pending_ask, "content": text})
+                pending_ask = None
+            else:
+                messages.append({"role": "user", "content": text})
+            continue
+        kind = _meta(message).get(EVENT_KEY)
+        if kind == "message":
+            messages.append({"role": "assistant", "content": get_message_text(message)})
+        elif kind == "tool_called":
+            data = _data(message)
+            call_id = str(data.get("call_id", ""))
+            name = str(data.get("tool", ""))
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": json.dumps(data.get("arguments") or {}),
+                },
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            if name == ASK_PARENT:
+                pending_ask = call_id
+        elif kind == "tool_result":
+            data = _data(message)
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(data.get("call_id", "")),
+                    "content": str(data.get("output", "")),
+                }
+            )
+    return messages
