@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -215,13 +216,20 @@ class Conversation:
         else:
             self.messages.append({"role": "user", "content": text})
 
-    async def _checkpoint(self, scope_holder: anyio.CancelScope | None) -> None:
+    async def _checkpoint(self, scope: anyio.CancelScope | None) -> None:
+        """The pause gate. The clock stops while paused: the deadline is
+        lifted for the wait and moved later by the time spent paused."""
         if self._resumed.is_set():
             return
         started = anyio.current_time()
-        await self._resumed.wait()
-        if scope_holder is not None:
-            scope_holder.deadline += anyio.current_time() - started
+        deadline = scope.deadline if scope is not None else None
+        if scope is not None:
+            scope.deadline = math.inf
+        try:
+            await self._resumed.wait()
+        finally:
+            if scope is not None and deadline is not None:
+                scope.deadline = deadline + (anyio.current_time() - started)
 
     def _absorb(self) -> None:
         for text in self._steering:

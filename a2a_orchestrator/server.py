@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import (
@@ -36,6 +35,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 
 from .executor import RoleExecutor
+from .handler import RoleRequestHandler
 from .middleware import DEFAULT_MAX_BODY, BearerTokenBackend, BodyLimitMiddleware, auth_error
 from .models.base import Model
 from .roles import Role
@@ -123,7 +123,7 @@ def build_app(
     max_body: int = DEFAULT_MAX_BODY,
 ) -> Starlette:
     """The Starlette app of a role server; its lifespan owns the handler."""
-    handler = DefaultRequestHandler(agent_executor=executor, task_store=task_store, agent_card=card)
+    handler = RoleRequestHandler(agent_executor=executor, task_store=task_store, agent_card=card)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -121,7 +121,7 @@ async def serving(app: Starlette) -> AsyncIterator[str]:
         async with anyio.create_task_group() as tg:
             tg.start_soon(server.serve, [sock])
             # uvicorn exposes readiness only as a flag, so poll it.
-            while not server.started:  # noqa: ASYNC110
+            while not server.started:
                 await anyio.sleep(0.01)
             try:
                 yield f"http://127.0.0.1:{port}/v1"

@@ -59,9 +59,14 @@ def pid_gone(pid: int) -> bool:
     return raw[raw.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
 
 
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
 async def read_pid(path: Path) -> int:
+    apath = anyio.Path(path)
     while True:
-        text = path.read_text() if path.exists() else ""
+        text = await apath.read_text() if await apath.exists() else ""
         if text.strip():
             return int(text)
         await anyio.sleep(0.02)
@@ -219,7 +224,7 @@ async def test_write_file(tools: dict[str, Tool], ws: Workspace) -> None:
     assert script.read_text() == "#!/bin/sh\n"
     assert stat.S_IMODE(script.stat().st_mode) == 0o755
     # The temp file went away with the rename.
-    assert sorted(p.name for p in ws.root.iterdir()) == ["new", "run.sh"]
+    assert names(ws.root) == ["new", "run.sh"]
 
 
 async def test_edit_file(tools: dict[str, Tool], ws: Workspace) -> None:
@@ -261,7 +266,7 @@ async def test_read_write_edit_refuse_paths_outside(
     with pytest.raises(PathOutsideWorkdirError):
         await call(tools["write_file"], path="../outside/new.txt", content="x")
     assert (outside / "secret.txt").read_text() == f"{SECRET}\n"
-    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert names(outside) == ["secret.txt"]
 
 
 async def test_list_and_grep_stay_inside(
@@ -304,7 +309,9 @@ async def test_run_command_nonzero_exit_is_an_error(tools: dict[str, Tool]) -> N
 
 async def test_run_command_output_is_bounded(ws: Workspace) -> None:
     tool = run_command_tool(ws, max_output=1000)
-    out = await call(tool, command="printf START; head -c 100000 /dev/zero | tr '\\0' x; printf END")
+    out = await call(
+        tool, command="printf START; head -c 100000 /dev/zero | tr '\\0' x; printf END"
+    )
     assert out.startswith("START")
     assert out.endswith("END\n[exit code 0]")
     assert f"[{5 + 100000 + 3 - 1000} bytes of output omitted]" in out
@@ -323,8 +330,10 @@ async def test_run_command_timeout_kills_the_process_group(ws: Workspace) -> Non
 
 async def test_run_command_sigkills_what_ignores_sigterm(ws: Workspace) -> None:
     tool = run_command_tool(ws, timeout=0.3, grace=0.3)
+    started = time.monotonic()
     with pytest.raises(ToolError, match="timed out"):
         await call(tool, command="trap '' TERM; sleep 30 & echo $! > pid; wait")
+    assert time.monotonic() - started < 5
     assert pid_gone(int((ws.root / "pid").read_text()))
 
 
@@ -335,9 +344,11 @@ async def test_run_command_leaves_nothing_running(tools: dict[str, Tool], ws: Wo
     assert pid_gone(int((ws.root / "pid").read_text()))
 
 
-async def test_run_command_cancelled_kills_the_process_group(
-    tools: dict[str, Tool], ws: Workspace
-) -> None:
+@pytest.mark.parametrize("prelude", ["", "trap '' TERM; "], ids=["plain", "ignores-sigterm"])
+async def test_run_command_cancelled_kills_the_process_group(ws: Workspace, prelude: str) -> None:
+    # A group that ignores SIGTERM needs the SIGKILL after the grace period,
+    # which only happens if the cleanup is shielded from the cancellation.
+    tool = run_command_tool(ws, grace=0.3)
     finished = False
 
     async def cancel_once_started(scope: anyio.CancelScope) -> None:
@@ -348,8 +359,8 @@ async def test_run_command_cancelled_kills_the_process_group(
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(cancel_once_started, scope)
-                await tools["run_command"].run(
-                    {"command": "echo $$ > shell; sleep 30 & echo $! > pid; wait"}
+                await tool.run(
+                    {"command": prelude + "echo $$ > shell; sleep 30 & echo $! > pid; wait"}
                 )
                 finished = True
     # The cancellation reached us (not swallowed, not turned into a result) ...

@@ -1,0 +1,352 @@
+"""A role as an A2A server: real uvicorn on 127.0.0.1, real SQLite, stock a2a-sdk client."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from a2a.helpers import new_text_message
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    TaskState,
+)
+from conftest import a2a_client, role_server
+
+from a2a_orchestrator.events import ChildEvent, Done, Failed, InputRequired, ToolResult
+from a2a_orchestrator.wire import StreamDecoder
+
+pytestmark = pytest.mark.anyio
+
+
+def user_message(text: str, *, task_id: str = "", context_id: str = "") -> SendMessageRequest:
+    message = new_text_message(text, role=Role.ROLE_USER)
+    if task_id:
+        message.task_id = task_id
+    if context_id:
+        message.context_id = context_id
+    return SendMessageRequest(message=message)
+
+
+async def collect(
+    client: Any, request: SendMessageRequest
+) -> tuple[list[StreamResponse], list[ChildEvent]]:
+    decoder = StreamDecoder()
+    responses: list[StreamResponse] = []
+    events: list[ChildEvent] = []
+    async for response in client.send_message(request):
+        responses.append(response)
+        events.extend(decoder.decode(response))
+    return responses, events
+
+
+def kinds(events: list[ChildEvent]) -> list[str]:
+    return [e.kind for e in events if e.kind != "message_delta"]
+
+
+def task_id_of(responses: list[StreamResponse]) -> str:
+    first = responses[0]
+    return first.task.id if first.HasField("task") else first.status_update.task_id
+
+
+CODER_SCRIPT = [
+    {
+        "text": "Writing the module.",
+        "tool_calls": [
+            {
+                "name": "write_file",
+                "arguments": {"path": "pkg/hello.py", "content": "print('hi')\n"},
+            }
+        ],
+    },
+    {
+        "tool_calls": [
+            {"name": "run_command", "arguments": {"command": "python3 pkg/hello.py > out.txt"}}
+        ]
+    },
+    {"text": "Implemented and ran it.\nTASK_DONE"},
+]
+
+
+async def test_stream_a_coder_task(tmp_path: Path) -> None:
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, CODER_SCRIPT) as server, a2a_client(server.url) as client:
+            responses, events = await collect(client, user_message("write hello"))
+    assert kinds(events) == [
+        "started",
+        "message",
+        "tool_called",
+        "tool_result",
+        "tool_called",
+        "tool_result",
+        "message",
+        "done",
+    ]
+    results = [e for e in events if isinstance(e, ToolResult)]
+    assert [r.tool for r in results] == ["write_file", "run_command"]
+    assert all(r.success for r in results)
+    assert (tmp_path / "pkg" / "hello.py").read_text() == "print('hi')\n"
+    assert (tmp_path / "out.txt").read_text() == "hi\n"
+    done = events[-1]
+    assert (
+        isinstance(done, Done) and done.text.endswith("TASK_DONE") and done.usage.output_tokens > 0
+    )
+    # The final frame is COMPLETED, and the result artifact came before it.
+    assert responses[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    artifacts = [r for r in responses if r.HasField("artifact_update")]
+    assert [a.artifact_update.artifact.name for a in artifacts] == ["result"]
+
+
+async def test_multi_turn_through_ask_parent(tmp_path: Path) -> None:
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        answers = [m for m in messages if m["role"] == "tool"]
+        if not answers:
+            return {
+                "tool_calls": [
+                    {"name": "ask_parent", "arguments": {"question": "Which file name?"}}
+                ]
+            }
+        name = answers[0]["content"]
+        if not any(
+            m.get("tool_calls", [{}])[0].get("function", {}).get("name") == "write_file"
+            for m in messages
+            if m["role"] == "assistant" and m.get("tool_calls")
+        ):
+            return {
+                "tool_calls": [{"name": "write_file", "arguments": {"path": name, "content": "x"}}]
+            }
+        return {"text": f"wrote {name}\nTASK_DONE"}
+
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, script) as server, a2a_client(server.url) as client:
+            first, events = await collect(client, user_message("make a file"))
+            assert kinds(events)[-1] == "input_required"
+            assert (
+                isinstance(events[-1], InputRequired) and events[-1].question == "Which file name?"
+            )
+            assert first[-1].status_update.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            task_id = task_id_of(first)
+            context_id = first[-1].status_update.context_id
+            second, events = await collect(client, user_message("notes.md", task_id=task_id))
+            task = await client.get_task(GetTaskRequest(id=task_id))
+    assert isinstance(events[-1], Done) and events[-1].text == "wrote notes.md\nTASK_DONE"
+    assert (tmp_path / "notes.md").read_text() == "x"
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert task.context_id == context_id
+    assert all(
+        r.status_update.context_id == context_id for r in second if r.HasField("status_update")
+    )
+
+
+async def test_cancel_mid_run_kills_the_command(tmp_path: Path) -> None:
+    script = [
+        {
+            "tool_calls": [
+                {"name": "run_command", "arguments": {"command": "echo $$ > pid; exec sleep 60"}}
+            ]
+        }
+    ]
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, script) as server, a2a_client(server.url) as client:
+            seen: list[ChildEvent] = []
+            task_id = ""
+            pid_file = tmp_path / "pid"
+
+            async def stream() -> None:
+                nonlocal task_id
+                decoder = StreamDecoder()
+                async for response in client.send_message(user_message("run it")):
+                    if not task_id:
+                        task_id = task_id_of([response])
+                    seen.extend(decoder.decode(response))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream)
+                while not task_id or not pid_file.exists() or not pid_file.read_text().strip():
+                    await anyio.sleep(0.02)
+                pid = int((tmp_path / "pid").read_text())
+                assert os.path.exists(f"/proc/{pid}")
+                canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
+            task = await client.get_task(GetTaskRequest(id=task_id))
+    assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+    assert task.status.state == TaskState.TASK_STATE_CANCELED
+    assert not os.path.exists(f"/proc/{pid}")
+    assert isinstance(seen[-1], Failed) and seen[-1].reason == "aborted"
+
+
+async def test_restart_keeps_finished_tasks_and_resumes_waiting_ones(tmp_path: Path) -> None:
+    db = tmp_path / "store" / "tasks.db"
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        user = [m["content"] for m in messages if m["role"] == "user"]
+        answers = [m["content"] for m in messages if m["role"] == "tool"]
+        if user and user[0] == "ask me" and not answers:
+            return {"tool_calls": [{"name": "ask_parent", "arguments": {"question": "Color?"}}]}
+        if answers:
+            # Only a faithfully rebuilt transcript has the first user turn here.
+            return {"text": f"{user[0]} -> {answers[-1]}"}
+        return {"text": f"echo {user[-1]}"}
+
+    with anyio.fail_after(30):
+        async with role_server(tmp_path, script, db=db) as server, a2a_client(server.url) as client:
+            done, _ = await collect(client, user_message("hello"))
+            waiting, _ = await collect(client, user_message("ask me"))
+        finished_id, waiting_id = task_id_of(done), task_id_of(waiting)
+        async with role_server(tmp_path, script, db=db) as server, a2a_client(server.url) as client:
+            finished = await client.get_task(GetTaskRequest(id=finished_id))
+            parked = await client.get_task(GetTaskRequest(id=waiting_id))
+            _, events = await collect(client, user_message("blue", task_id=waiting_id))
+    assert finished.status.state == TaskState.TASK_STATE_COMPLETED
+    assert finished.artifacts[0].parts[0].text == "echo hello"
+    assert parked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert isinstance(events[-1], Done) and events[-1].text == "ask me -> blue"
+
+
+async def test_max_turns_and_timeout_end_failed_with_reason(tmp_path: Path) -> None:
+    def forever(messages: Any) -> dict[str, Any]:
+        return {"tool_calls": [{"name": "list_files", "arguments": {}}]}
+
+    with anyio.fail_after(20):
+        async with (
+            role_server(tmp_path, forever, max_turns=2) as server,
+            a2a_client(server.url) as client,
+        ):
+            responses, events = await collect(client, user_message("loop"))
+        assert responses[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
+        assert isinstance(events[-1], Failed) and events[-1].reason == "max_turns"
+
+        slow = [{"text": "late", "delay": 30}]
+        async with (
+            role_server(tmp_path, slow, timeout=0.5) as server,
+            a2a_client(server.url) as client,
+        ):
+            responses, events = await collect(client, user_message("wait"))
+        assert responses[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
+        assert isinstance(events[-1], Failed) and events[-1].reason == "timeout"
+
+
+async def test_v0_3_message_send_and_rest_binding(tmp_path: Path) -> None:
+    script = [{"text": "pong"}]
+    legacy = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "role": "user",
+                "messageId": "m-1",
+                "parts": [{"kind": "text", "text": "ping"}],
+            }
+        },
+    }
+    with anyio.fail_after(20):
+        async with (
+            role_server(tmp_path, lambda m: {"text": "pong"}) as server,
+            httpx.AsyncClient(timeout=10) as http,
+        ):
+            # No A2A-Version header: a v0.3 peer (Strands Agents, older ADK).
+            reply = (await http.post(server.url + "/", json=legacy)).json()
+            rest = await http.post(
+                server.url + "/rest/message:send",
+                headers={"A2A-Version": "1.0"},
+                json={
+                    "message": {
+                        "role": "ROLE_USER",
+                        "messageId": "m-2",
+                        "parts": [{"text": "ping"}],
+                    }
+                },
+            )
+    assert script
+    result = reply["result"]
+    assert result["kind"] == "task" and result["status"]["state"] == "completed"
+    assert result["artifacts"][0]["parts"][0]["text"] == "pong"
+    assert rest.status_code == 200, rest.text
+    task = rest.json()["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert task["artifacts"][0]["parts"][0]["text"] == "pong"
+
+
+async def test_card_describes_the_role(tmp_path: Path) -> None:
+    with anyio.fail_after(20):
+        async with (
+            role_server(tmp_path, [], role="architect") as server,
+            httpx.AsyncClient() as http,
+        ):
+            response = await http.get(server.url + "/.well-known/agent-card.json")
+    card = response.json()
+    assert "max-age" in response.headers["cache-control"]
+    assert card["name"] == "architect"
+    assert card["capabilities"]["streaming"] is True
+    bindings = {(i["protocolBinding"], i["protocolVersion"]) for i in card["supportedInterfaces"]}
+    assert bindings == {("JSONRPC", "1.0"), ("HTTP+JSON", "1.0"), ("JSONRPC", "0.3")}
+    assert {s["id"] for s in card["skills"]} >= {"software-design"}
+    assert "securitySchemes" not in card
+
+
+async def test_bearer_auth(tmp_path: Path) -> None:
+    token = "s3cret-token"
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, lambda m: {"text": "ok"}, token=token) as server:
+            async with httpx.AsyncClient() as http:
+                card = (await http.get(server.url + "/.well-known/agent-card.json")).json()
+                body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+                headers = {"A2A-Version": "1.0"}
+                missing = await http.post(server.url + "/", json=body, headers=headers)
+                wrong = await http.post(
+                    server.url + "/", json=body, headers={**headers, "Authorization": "Bearer nope"}
+                )
+                rest = await http.get(server.url + "/rest/tasks/x", headers=headers)
+            async with a2a_client(server.url, token=token) as client:
+                _, events = await collect(client, user_message("hi"))
+    assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "bearer"
+    assert card["securityRequirements"] == [{"schemes": {"bearer": {}}}]
+    assert missing.status_code == 401 and wrong.status_code == 401 and rest.status_code == 401
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    assert isinstance(events[-1], Done) and events[-1].text == "ok"
+
+
+async def test_bad_requests_get_clear_errors(tmp_path: Path) -> None:
+    headers = {"A2A-Version": "1.0", "content-type": "application/json"}
+    with anyio.fail_after(20):
+        async with (
+            role_server(tmp_path, lambda m: {"text": "ok"}) as server,
+            httpx.AsyncClient() as http,
+        ):
+            not_json = await http.post(server.url + "/", content=b"{nope", headers=headers)
+            unknown = await http.post(
+                server.url + "/",
+                json={"jsonrpc": "2.0", "id": 2, "method": "NoSuchMethod", "params": {}},
+                headers=headers,
+            )
+            missing_task = await http.post(
+                server.url + "/",
+                json={"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": {"id": "nope"}},
+                headers=headers,
+            )
+            huge = await http.post(
+                server.url + "/",
+                content=json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 4,
+                        "method": "SendMessage",
+                        "params": {"blob": "x" * (5 * 1024 * 1024)},
+                    }
+                ).encode(),
+                headers=headers,
+            )
+            still_up = await http.get(server.url + "/.well-known/agent-card.json")
+    assert not_json.json()["error"]["code"] == -32700
+    assert unknown.json()["error"]["code"] == -32601
+    assert missing_task.json()["error"]["code"] == -32001
+    assert huge.status_code == 413 and "too large" in huge.json()["error"]
+    assert still_up.status_code == 200
