@@ -1,0 +1,83 @@
+"""a2a-orchestrator: an A2A agent network.
+
+Each role runs as its own A2A server; an orchestrator delegates work to them
+over A2A JSON-RPC with SSE streaming, each child in an isolated context.
+"""
+
+from ._version import __version__ as __version__
+from .errors import AgentUnavailableError as AgentUnavailableError
+from .errors import ConfigError as ConfigError
+from .errors import DelegationError as DelegationError
+from .errors import DelegationTimeoutError as DelegationTimeoutError
+from .errors import ModelError as ModelError
+from .errors import OrchestratorError as OrchestratorError
+from .errors import PathOutsideWorkdirError as PathOutsideWorkdirError
+from .errors import ProtocolError as ProtocolError
+from .errors import RoleFileError as RoleFileError
+from .errors import RoleNotFoundError as RoleNotFoundError
+from .errors import ToolError as ToolError
+from .events import AssistantMessage as AssistantMessage
+from .events import ChildEvent as ChildEvent
+from .events import Done as Done
+from .events import Failed as Failed
+from .events import InputRequired as InputRequired
+from .events import MessageDelta as MessageDelta
+from .events import Started as Started
+from .events import ToolCalled as ToolCalled
+from .events import ToolResult as ToolResult
+from .executor import RoleExecutor as RoleExecutor
+from .models import Model as Model
+from .models import ModelSettings as ModelSettings
+from .models import OpenAIModel as OpenAIModel
+from .models import ScriptedModel as ScriptedModel
+from .models import resolve_model as resolve_model
+from .roles import Role as Role
+from .roles import find_role as find_role
+from .roles import list_roles as list_roles
+from .runtime import Conversation as Conversation
+from .server import build_app as build_app
+from .server import build_card as build_card
+from .server import run_role_server as run_role_server
+from .tools import Tool as Tool
+from .tools import Workspace as Workspace
+from .tools import build_tools as build_tools
+
+__all__ = [
+    "AgentUnavailableError",
+    "AssistantMessage",
+    "ChildEvent",
+    "ConfigError",
+    "Conversation",
+    "DelegationError",
+    "DelegationTimeoutError",
+    "Done",
+    "Failed",
+    "InputRequired",
+    "MessageDelta",
+    "Model",
+    "ModelError",
+    "ModelSettings",
+    "OpenAIModel",
+    "OrchestratorError",
+    "PathOutsideWorkdirError",
+    "ProtocolError",
+    "Role",
+    "RoleExecutor",
+    "RoleFileError",
+    "RoleNotFoundError",
+    "ScriptedModel",
+    "Started",
+    "Tool",
+    "ToolCalled",
+    "ToolError",
+    "ToolResult",
+    "Workspace",
+    "__version__",
+    "build_app",
+    "build_card",
+    "build_tools",
+    "find_role",
+    "list_roles",
+    "resolve_model",
+    "run_role_server",
+]

@@ -34,6 +34,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 
+from ._version import __version__ as VERSION
 from .executor import RoleExecutor
 from .handler import RoleRequestHandler
 from .middleware import DEFAULT_MAX_BODY, BearerTokenBackend, BodyLimitMiddleware, auth_error
@@ -54,7 +55,6 @@ __all__ = [
 
 REST_PREFIX = "/rest"
 BEARER_SCHEME = "bearer"
-VERSION = "0.1.0"
 
 
 def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:

@@ -350,3 +350,27 @@ async def test_bad_requests_get_clear_errors(tmp_path: Path) -> None:
     assert missing_task.json()["error"]["code"] == -32001
     assert huge.status_code == 413 and "too large" in huge.json()["error"]
     assert still_up.status_code == 200
+
+
+async def test_path_escapes_are_refused_over_a2a(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (tmp_path / "secret.txt").write_text("keep out")
+    script = [
+        {
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "../escaped.txt", "content": "x"}},
+                {"name": "read_file", "arguments": {"path": str(tmp_path / "secret.txt")}},
+            ]
+        },
+        {"text": "could not\nTASK_FAILED"},
+    ]
+    with anyio.fail_after(20):
+        async with role_server(workdir, script) as server, a2a_client(server.url) as client:
+            _, events = await collect(client, user_message("escape"))
+    results = [e for e in events if isinstance(e, ToolResult)]
+    assert [r.success for r in results] == [False, False]
+    assert all("outside the work directory" in r.output for r in results)
+    assert "keep out" not in results[1].output
+    assert not (tmp_path / "escaped.txt").exists()
+    assert isinstance(events[-1], Done)

@@ -1,0 +1,135 @@
+"""The command line: help texts, and `serve` as a real subprocess."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from a2a.types import GetTaskRequest, SendMessageConfiguration, TaskState
+from conftest import a2a_client
+from test_server import user_message
+
+from a2a_orchestrator.cli import build_parser, main
+
+CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def test_every_command_has_help_text() -> None:
+    parser = build_parser()
+    commands = subcommands(parser)
+    assert "serve" in commands
+    helps = {a.dest: a.help for a in parser._actions if isinstance(a, argparse._SubParsersAction)}
+    assert helps
+    for name, sub in commands.items():
+        assert sub.description, f"{name} has no description"
+        for action in sub._actions:
+            if action.dest != "help":
+                assert action.help, f"{name} {action.dest} has no help"
+    out = subprocess.run([*CLI, "serve", "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "--workdir" in out.stdout and "agent-card.json" in out.stdout
+
+
+def test_unknown_role_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["serve", "nosuchrole", "--workdir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown role 'nosuchrole'" in err and "coder" in err and "Traceback" not in err
+
+
+def test_missing_workdir_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["serve", "coder", "--workdir", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@contextmanager
+def serve_process(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
+    process = subprocess.Popen(
+        [*CLI, "serve", *args, "--port", "0", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=tmp_path,
+    )
+    try:
+        assert process.stdout is not None
+        banner = [process.stdout.readline()]
+        match = re.search(r"serving A2A at (http://\S+)", banner[0])
+        assert match, banner[0] + (process.stderr.read() if process.stderr else "")
+        while not banner[-1].startswith("  auth:"):
+            banner.append(process.stdout.readline())
+        yield process, match.group(1), "".join(banner)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def test_serve_shows_card_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    # No model configured: the server says plainly the model is scripted.
+    env = {
+        "A2A_MODEL_BASE_URL": "",
+        "A2A_MODEL_API_KEY": "",
+        "OPENAI_BASE_URL": "",
+        "OPENAI_API_KEY": "",
+    }
+    with serve_process(tmp_path, "coder", env=env) as (process, url, banner):
+        card = httpx.get(url + "/.well-known/agent-card.json", timeout=10).json()
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=20)
+    assert card["name"] == "coder"
+    assert process.returncode == 0
+    assert "coder: stopped" in out
+    assert "scripted (offline)" in banner and "A2A_MODEL_BASE_URL" in banner
+
+
+@pytest.mark.anyio
+async def test_sigterm_fails_running_tasks_and_they_stay_failed(tmp_path: Path) -> None:
+    script = tmp_path / "slow.json"
+    script.write_text(json.dumps([{"text": "never", "delay": 60}]))
+    env = {
+        "A2A_MODEL_SCRIPT": str(script),
+        "A2A_MODEL_BASE_URL": "",
+        "A2A_MODEL_API_KEY": "",
+        "OPENAI_BASE_URL": "",
+        "OPENAI_API_KEY": "",
+    }
+    db = tmp_path / "tasks.db"
+    with anyio.fail_after(40):
+        with serve_process(tmp_path, "coder", "--db", str(db), env=env) as (process, url, _):
+            async with a2a_client(url, streaming=False) as client:
+                request = user_message("take your time")
+                request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+                async for response in client.send_message(request):
+                    task_id = response.task.id
+                    break
+            process.send_signal(signal.SIGTERM)
+            await anyio.to_thread.run_sync(lambda: process.wait(20))
+            assert process.returncode == 0
+        with serve_process(tmp_path, "coder", "--db", str(db), env=env) as (process, url, _):
+            async with a2a_client(url) as client:
+                task = await client.get_task(GetTaskRequest(id=task_id))
+            process.send_signal(signal.SIGTERM)
+    assert task.status.state == TaskState.TASK_STATE_FAILED
+    assert "shut down" in task.status.message.parts[0].text
