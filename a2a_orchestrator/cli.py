@@ -72,7 +72,8 @@ async def _serve(args: argparse.Namespace) -> None:
     workdir = args.workdir.resolve()
     if not workdir.is_dir():
         raise OrchestratorError(f"work directory {workdir} does not exist")
-    model = resolve_model(role.model, ModelSettings.from_env())
+    settings = ModelSettings.from_env()
+    model = resolve_model(role.model, settings)
     db = args.db or str(workdir / ".a2a" / f"tasks-{role.name}.db")
     port = args.port if args.port is not None else DEFAULT_PORTS.get(role.name, 9110)
     token = os.environ.get(args.token_env) or None
@@ -85,6 +86,7 @@ async def _serve(args: argparse.Namespace) -> None:
         port=port,
         token=token,
         public_url=args.public_url,
+        models=lambda name: resolve_model(name, settings),
         install_signal_handlers=True,
     ) as server:
         print(f"{role.name}: serving A2A at {server.url}", flush=True)

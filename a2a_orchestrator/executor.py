@@ -1,33 +1,47 @@
 """`RoleExecutor`: a role's conversations behind a2a-sdk's request handler.
 
-One A2A task is one `Conversation`; its `context_id` isolates it. A
-follow-up message on a task continues that conversation (the answer to an
-`ask_parent` question, or a new instruction after it finished a turn). The
-conversation is kept in memory while its task lives on this server and is
-rebuilt from the stored task's history when the server restarted meanwhile.
+One conversation per A2A context: the first message of a context starts it
+(isolated: it sees no other context), a follow-up on the same task or a new
+task in the same context continues it. The conversation is kept in memory
+while it lives and is rebuilt from the stored tasks of its context when the
+server restarted meanwhile.
+
+A child's configuration (system prompt, a subset of the role's tools, model,
+limits, an explicitly shared context) travels in the first message's
+metadata under `CONFIG_KEY`; `apply_child_config` applies it here and in the
+local transport alike.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import anyio
 from a2a.helpers import get_message_text
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
-from a2a.server.tasks import TaskUpdater
-from a2a.types import Task, TaskState, TaskStatus
+from a2a.server.tasks import TaskStore, TaskUpdater
+from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
+from google.protobuf.json_format import MessageToDict
 
 from .errors import ConfigError
 from .events import ChildEvent, Done, Failed
-from .models.base import Model
+from .models.base import ChatMessage, Model
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
 from .tools import TOOL_NAMES, Tool, Workspace, build_tools
-from .wire import publish, transcript_from_history
+from .transcript import rebuild_transcript
+from .wire import CONFIG_KEY, history_entries, publish
 
-__all__ = ["CONTROL_TOOL_NAMES", "RoleExecutor", "role_conversation"]
+__all__ = [
+    "CONTROL_TOOL_NAMES",
+    "RoleExecutor",
+    "apply_child_config",
+    "role_conversation",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +56,35 @@ as a parent; a bare role server does not offer them."""
 _STOP_GRACE = 10.0
 
 
+def apply_child_config(role: Role, overrides: Mapping[str, Any]) -> Role:
+    """The role as one child asked for it: a prompt, fewer tools, other limits.
+
+    A child may narrow the role's tools, never widen them.
+    """
+    tools = overrides.get("tools")
+    if tools is not None:
+        extra = [t for t in tools if t not in role.tools]
+        if extra:
+            raise ConfigError(
+                f"role {role.name!r} has no tools {extra}; its tools: {', '.join(role.tools)}"
+            )
+    max_turns = overrides.get("max_turns")
+    timeout = overrides.get("timeout")
+    return role.with_overrides(
+        prompt=overrides.get("system_prompt"),
+        tools=tools,
+        max_turns=int(max_turns) if max_turns is not None else None,
+        timeout=float(timeout) if timeout is not None else None,
+    )
+
+
 def role_conversation(
     role: Role,
     model: Model,
     workspace: Workspace,
     *,
     extra_tools: Mapping[str, Tool] | None = None,
-    messages: list[dict[str, object]] | None = None,
+    messages: Sequence[ChatMessage] | None = None,
     command_timeout: float | None = None,
 ) -> Conversation:
     """A conversation with exactly the tools the role lists."""
@@ -85,20 +121,39 @@ def role_conversation(
     )
 
 
-class RoleExecutor(AgentExecutor):
-    """Runs one role's conversations for `DefaultRequestHandler`."""
+def _metadata(message: Message | None) -> dict[str, Any]:
+    if message is None or not message.HasField("metadata"):
+        return {}
+    return MessageToDict(message.metadata)
 
-    def __init__(self, role: Role, model: Model, workspace: Workspace) -> None:
+
+class RoleExecutor(AgentExecutor):
+    """Runs one role's conversations for a2a-sdk's request handler."""
+
+    def __init__(
+        self,
+        role: Role,
+        model: Model,
+        workspace: Workspace,
+        *,
+        task_store: TaskStore | None = None,
+        models: Callable[[str], Model] | None = None,
+    ) -> None:
         self.role = role
         self.model = model
         self.workspace = workspace
+        self.task_store = task_store
+        self._models = models
         # Fail at start-up, not at the first request, on a bad tool list.
         role_conversation(role, model, workspace)
         self._conversations: dict[str, Conversation] = {}
+        self._context_of: dict[str, str] = {}
         self._turn_ended: dict[str, anyio.Event] = {}
 
     def conversation(self, task_id: str) -> Conversation | None:
-        return self._conversations.get(task_id)
+        """The conversation a task belongs to, while this server holds it."""
+        context_id = self._context_of.get(task_id)
+        return self._conversations.get(context_id) if context_id else None
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
@@ -116,21 +171,20 @@ class RoleExecutor(AgentExecutor):
                 history=[context.message] if context.message else [],
             )
             await event_queue.enqueue_event(task)
-        conversation = self._conversations.get(task_id)
-        if conversation is None:
-            current = context.message.message_id if context.message else ""
-            conversation = role_conversation(
-                self.role,
-                self.model,
-                self.workspace,
-                messages=transcript_from_history(task, self.role.prompt, exclude=current),
-            )
-            self._conversations[task_id] = conversation
-        text = get_message_text(context.message) if context.message else ""
 
         async def emit(event: ChildEvent) -> None:
             await publish(updater, event)
 
+        self._context_of[task_id] = context_id
+        conversation = self._conversations.get(context_id)
+        if conversation is None:
+            try:
+                conversation = await self._open(context, task)
+            except ConfigError as exc:
+                await emit(Failed(reason="error", message=str(exc)))
+                return
+            self._conversations[context_id] = conversation
+        text = get_message_text(context.message) if context.message else ""
         ended = self._turn_ended[task_id] = anyio.Event()
         try:
             terminal = await conversation.run(text, emit)
@@ -139,7 +193,43 @@ class RoleExecutor(AgentExecutor):
             if self._turn_ended.get(task_id) is ended:
                 del self._turn_ended[task_id]
         if isinstance(terminal, Done | Failed):
-            self._conversations.pop(task_id, None)
+            # The task is over; its conversation stays for a follow-up task in
+            # the same context. Memory is bounded by the number of contexts.
+            self._context_of.pop(task_id, None)
+
+    async def _open(self, context: RequestContext, task: Task) -> Conversation:
+        """A new conversation, or one rebuilt from the context's stored tasks."""
+        current = context.message.message_id if context.message else ""
+        earlier = await self._earlier_tasks(task, context.call_context)
+        tasks = [*earlier, task]
+        entries = [e for t in tasks for e in history_entries(t, exclude=current)]
+        # The context's first message carries the child's configuration.
+        first = next((t.history[0] for t in tasks if t.history), context.message)
+        overrides = _metadata(first).get(CONFIG_KEY) or {}
+        if not isinstance(overrides, dict):
+            raise ConfigError(f"{CONFIG_KEY} must be an object")
+        role = apply_child_config(self.role, overrides)
+        model = self.model
+        if overrides.get("model"):
+            if self._models is None:
+                raise ConfigError("this role server does not choose models per child")
+            model = self._models(str(overrides["model"]))
+        messages = rebuild_transcript(
+            role.prompt, entries, shared_context=overrides.get("shared_context") or ()
+        )
+        return role_conversation(role, model, self.workspace, messages=messages)
+
+    async def _earlier_tasks(
+        self, task: Task, call_context: ServerCallContext | None
+    ) -> list[Task]:
+        if self.task_store is None or call_context is None:
+            return []
+        listing = await self.task_store.list(
+            ListTasksRequest(context_id=task.context_id), call_context
+        )
+        tasks = [t for t in listing.tasks if t.id != task.id]
+        tasks.sort(key=lambda t: t.status.timestamp.ToNanoseconds())
+        return tasks
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Abort the running turn and let it publish CANCELED itself.
@@ -149,7 +239,7 @@ class RoleExecutor(AgentExecutor):
         running turn and the handler marks it CANCELED on its own.
         """
         task_id = context.task_id or ""
-        conversation = self._conversations.pop(task_id, None)
+        conversation = self.conversation(task_id)
         ended = self._turn_ended.get(task_id)
         if conversation is None or ended is None:
             return
@@ -157,11 +247,28 @@ class RoleExecutor(AgentExecutor):
         with anyio.move_on_after(_STOP_GRACE):
             await ended.wait()
 
+    def control(self, task_id: str, action: str) -> bool:
+        """Pause, resume or interrupt a task's conversation; False if not held here."""
+        conversation = self.conversation(task_id)
+        if conversation is None:
+            return False
+        if action == "pause":
+            conversation.pause()
+        elif action == "resume":
+            conversation.resume()
+        elif action == "interrupt":
+            conversation.resume()
+            conversation.abort("aborted", "interrupted by the parent")
+        else:
+            raise ValueError(f"unknown control action {action!r}")
+        return True
+
     async def shutdown(self) -> None:
         """End every running turn as failed (reason `lost`) before the server stops."""
-        running = [(tid, c) for tid, c in self._conversations.items() if c.running]
+        running = [(tid, self.conversation(tid)) for tid in list(self._turn_ended)]
         for _task_id, conversation in running:
-            conversation.abort("lost", "the role server shut down while this task ran")
+            if conversation is not None:
+                conversation.abort("lost", "the role server shut down while this task ran")
         with anyio.move_on_after(_STOP_GRACE):
             for task_id, _conversation in running:
                 ended = self._turn_ended.get(task_id)

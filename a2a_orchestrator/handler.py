@@ -1,13 +1,21 @@
-"""`RoleRequestHandler`: a2a-sdk's request handler with one repair.
+"""`RoleRequestHandler`: a2a-sdk's request handler, plus the control extension
+and one repair.
 
-A follow-up message that names only its task (no context id) is normal
-A2A. When that task is no longer active in the server's memory (after a
-restart, or once the SDK released an idle input-required task), a2a-sdk 1.3
-starts the new active task under a freshly generated context id, and then
+Control extension (`wire.CONTROL_EXTENSION`, declared in the card): a
+message whose metadata holds `CONTROL_KEY` = pause, resume or interrupt and
+names a task is applied to that task's running conversation at once and
+answered with the task. It must not queue behind the running turn the way an
+ordinary follow-up does, or a pause would arrive after the work it meant to
+hold.
+
+Repair: a follow-up message that names only its task (no context id) is
+normal A2A. When that task is no longer active in the server's memory (after
+a restart, or once the SDK released an idle input-required task), a2a-sdk 1.3
+starts the new active task under a freshly generated context id and then
 rejects the executor's events, which carry the task's real context id
 ("Context in event doesn't match TaskManager"). Filling the stored task's
-context id into the message before the SDK sees it keeps the task's
-conversation continuable across restarts.
+context id into the message before the SDK sees it keeps such a task
+continuable.
 """
 
 from __future__ import annotations
@@ -17,30 +25,70 @@ from typing import Any
 
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.types import SendMessageRequest, Task
+from a2a.types import InvalidParamsError, SendMessageRequest, Task, TaskNotFoundError
+from google.protobuf.json_format import MessageToDict
 
-__all__ = ["RoleRequestHandler"]
+from .executor import RoleExecutor
+from .wire import CONTROL_KEY
+
+__all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
+
+CONTROL_ACTIONS = ("pause", "resume", "interrupt")
 
 
 class RoleRequestHandler(DefaultRequestHandler):
+    async def _stored_task(self, task_id: str, context: ServerCallContext) -> Task | None:
+        stored = await self.task_store.get(task_id, context)
+        # A versioned (cluster) store wraps the task in a StoredTask.
+        return stored if isinstance(stored, Task) or stored is None else stored.task
+
     async def _fill_context_id(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> None:
         message = params.message
         if message.task_id and not message.context_id:
-            stored = await self.task_store.get(message.task_id, context)
-            # A versioned (cluster) store wraps the task in a StoredTask.
-            task = stored if isinstance(stored, Task) or stored is None else stored.task
+            task = await self._stored_task(message.task_id, context)
             if task is not None:
                 message.context_id = task.context_id
 
+    async def _control(self, params: SendMessageRequest, context: ServerCallContext) -> Task | None:
+        """Apply a control message; None when the message is an ordinary one."""
+        message = params.message
+        if not message.HasField("metadata"):
+            return None
+        action = MessageToDict(message.metadata).get(CONTROL_KEY)
+        if action is None:
+            return None
+        if action not in CONTROL_ACTIONS:
+            raise InvalidParamsError(
+                message=f"unknown control action {action!r}; expected one of {CONTROL_ACTIONS}"
+            )
+        if not message.task_id:
+            raise InvalidParamsError(message="a control message must name its task")
+        task = await self._stored_task(message.task_id, context)
+        if task is None:
+            raise TaskNotFoundError(message=f"task {message.task_id} not found")
+        executor = self.agent_executor
+        if not isinstance(executor, RoleExecutor) or not executor.control(message.task_id, action):
+            raise InvalidParamsError(
+                message=f"task {message.task_id} is not running on this server; nothing to {action}"
+            )
+        return task
+
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
+        controlled = await self._control(params, context)
+        if controlled is not None:
+            return controlled
         await self._fill_context_id(params, context)
         return await super().on_message_send(params, context)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
+        controlled = await self._control(params, context)
+        if controlled is not None:
+            yield controlled
+            return
         await self._fill_context_id(params, context)
         async for event in super().on_message_send_stream(params, context):
             yield event

@@ -10,7 +10,7 @@ request-body limit.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
+    AgentExtension,
     AgentInterface,
     AgentSkill,
     HTTPAuthSecurityScheme,
@@ -42,6 +43,7 @@ from .models.base import Model
 from .roles import Role
 from .serving import bind_socket, serve
 from .tools import Workspace
+from .wire import CONTROL_EXTENSION, CONTROL_KEY
 
 __all__ = [
     "REST_PREFIX",
@@ -81,7 +83,19 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
             # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick this one.
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
         ],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(
+            streaming=True,
+            push_notifications=False,
+            extensions=[
+                AgentExtension(
+                    uri=CONTROL_EXTENSION,
+                    description="Pause, resume or interrupt a running task: send a message "
+                    f"naming the task with metadata {{{CONTROL_KEY!r}: 'pause' | 'resume' | "
+                    "'interrupt'}.",
+                    required=False,
+                )
+            ],
+        ),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain", "application/json"],
         skills=skills,
@@ -176,23 +190,26 @@ async def run_role_server(
     token: str | None = None,
     public_url: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    models: Callable[[str], Model] | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
 
     The socket is bound before the card is built, so the card names the real
     port; `public_url` replaces it where clients reach the server by another
-    name (a container's service name).
+    name (a container's service name). `models` resolves a model name a
+    child asks for (None: children get the server's model only).
     """
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     reachable = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
     url = (public_url or f"http://{reachable}:{bound}").rstrip("/")
-    executor = RoleExecutor(role, model, Workspace(workdir))
+    task_store = open_task_store(db)
+    executor = RoleExecutor(role, model, Workspace(workdir), task_store=task_store, models=models)
     app = build_app(
         executor,
         build_card(role, url, auth=bool(token)),
-        open_task_store(db),
+        task_store,
         token=token,
         max_body=max_body,
     )

@@ -23,7 +23,6 @@ history, so a conversation can be rebuilt from a stored task
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from a2a.helpers import get_message_text, new_data_part, new_text_part
@@ -44,17 +43,27 @@ from .events import (
     ToolResult,
 )
 from .models.base import ChatMessage, Usage
-from .runtime import ASK_PARENT
+from .transcript import rebuild_transcript
 
 __all__ = [
+    "CONFIG_KEY",
+    "CONTROL_EXTENSION",
+    "CONTROL_KEY",
     "EVENT_KEY",
     "RESULT_ARTIFACT",
     "StreamDecoder",
+    "history_entries",
     "publish",
     "transcript_from_history",
 ]
 
 EVENT_KEY = "a2a_orchestrator.event"
+CONFIG_KEY = "a2a_orchestrator.config"
+"""Message metadata of a child's first message: its `ChildConfig.overrides()`."""
+CONTROL_KEY = "a2a_orchestrator.control"
+"""Message metadata of a control message: pause, resume or interrupt."""
+CONTROL_EXTENSION = "https://a2a-orchestrator.dev/extensions/control/v1"
+"""The A2A extension a role server declares when it takes control messages."""
 RESULT_ARTIFACT = "result"
 
 _FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost"}
@@ -249,63 +258,30 @@ def transcript_from_history(
 ) -> list[ChatMessage]:
     """Rebuild a conversation's chat messages from a stored task.
 
-    Inverse of `publish` over `task.history` (plus the current status
-    message, which has not moved into the history yet): user messages become
-    user turns, or the answer to a pending `ask_parent` call; our `message`
-    and `tool_called` events become assistant turns; `tool_result` events
-    become tool messages. Deltas and lifecycle events carry nothing new.
+    The inverse of `publish` over `task.history` (plus the current status
+    message, which has not moved into the history yet); see `transcript.py`.
     `exclude` names a message to leave out (the request being handled now,
     which the conversation takes as its new input).
     """
-    messages: list[ChatMessage] = (
-        [{"role": "system", "content": system_prompt}] if system_prompt else []
-    )
+    return rebuild_transcript(system_prompt, history_entries(task, exclude=exclude))
+
+
+def history_entries(task: Task, *, exclude: str = "") -> list[str | ChildEvent]:
+    """A task's history as transcript entries: user texts and our child events."""
     history = list(task.history)
     if task.status.HasField("message"):
         history.append(task.status.message)
-    pending_ask: str | None = None
     seen: set[str] = {exclude} if exclude else set()
+    entries: list[str | ChildEvent] = []
     for message in history:
         if message.message_id in seen:
             continue
         seen.add(message.message_id)
         if message.role == Role.ROLE_USER:
-            text = get_message_text(message)
-            if pending_ask is not None:
-                messages.append({"role": "tool", "tool_call_id": pending_ask, "content": text})
-                pending_ask = None
-            else:
-                messages.append({"role": "user", "content": text})
+            entries.append(get_message_text(message))
             continue
         kind = _meta(message).get(EVENT_KEY)
-        if kind == "message":
-            messages.append({"role": "assistant", "content": get_message_text(message)})
-        elif kind == "tool_called":
-            data = _data(message)
-            call_id = str(data.get("call_id", ""))
-            name = str(data.get("tool", ""))
-            call = {
-                "id": call_id,
-                "type": "function",
-                "function": {
-                    "name": name,
-                    "arguments": json.dumps(data.get("arguments") or {}),
-                },
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            if name == ASK_PARENT:
-                pending_ask = call_id
-        elif kind == "tool_result":
-            data = _data(message)
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": str(data.get("call_id", "")),
-                    "content": str(data.get("output", "")),
-                }
-            )
-    return messages
+        event = _decode_ours(kind, message) if isinstance(kind, str) else None
+        if event is not None:
+            entries.append(event)
+    return entries

@@ -1,0 +1,346 @@
+"""The delegation interface: one way to hand work to a child, remote or local.
+
+    Delegate (a transport)           ChildRun (one child, transport side)
+    ├── LocalDelegate   in-process   ├── LocalRun    a Conversation here
+    └── RemoteDelegate  A2A/HTTP     └── RemoteRun   an A2A task there
+
+A transport only knows how to play one turn of a child (`ChildRun.turn`),
+emitting child events, and how to cancel, pause and resume it. Everything a
+parent sees is in `ChildHandle`, written once for both transports: the event
+log and its iterators, queued follow-ups, the status, the result, and the
+sink that stores each event before anyone in memory hears of it.
+
+Contract of `ChildHandle`:
+- Its pump runs in a task group the owner (a `Session`) holds; dropping an
+  events iterator never cancels the child.
+- `events(start)` replays the log from `start`, then follows it live, and
+  ends once the child is settled: its last event ends a turn and no turn is
+  running or queued.
+- `send(text)` continues the same conversation: now if the child is idle,
+  after the running turn otherwise.
+- `cancel()` ends a running or waiting child as `Failed(reason="aborted")`;
+  a finished child is left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
+from .models.base import ChatMessage
+
+__all__ = [
+    "CANCELED_TEXT",
+    "ChildConfig",
+    "ChildHandle",
+    "ChildRun",
+    "ChildStatus",
+    "Delegate",
+    "Emit",
+    "EventSink",
+]
+
+logger = logging.getLogger(__name__)
+
+ChildStatus: TypeAlias = Literal["running", "input_required", "completed", "failed"]
+Emit = Callable[[ChildEvent], Awaitable[None]]
+EventSink = Callable[["ChildHandle", "ChildEvent | str"], Awaitable[None]]
+"""Called with each event (or, as a plain string, each input given to the
+child) before the handle publishes it; the session stores it there."""
+
+CANCELED_TEXT = "canceled by request"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildConfig:
+    """What a parent asks of a child (the agentik `SubAgentConfig`)."""
+
+    role: str
+    """Agent name or role; the network decides remote or in-process."""
+    prompt: str
+    """The task, the child's first user message."""
+    system_prompt: str | None = None
+    """Replaces the role's system prompt."""
+    tools: tuple[str, ...] | None = None
+    """A subset of the role's tools; None keeps the role's list."""
+    model: str | None = None
+    """Model name; None inherits the parent's model (local children)."""
+    max_turns: int | None = None
+    """Model calls per turn; None keeps the role's (10 unless the role says)."""
+    timeout: float | None = None
+    """Seconds per turn; None keeps the role's (60 unless the role says)."""
+    shared_context: tuple[ChatMessage, ...] = ()
+    """Messages the child starts with. Empty: an isolated context (the default)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Free-form, stored with the child."""
+
+    def overrides(self) -> dict[str, Any]:
+        """The parts that change the role, as sent to a role server."""
+        data: dict[str, Any] = {}
+        if self.system_prompt is not None:
+            data["system_prompt"] = self.system_prompt
+        if self.tools is not None:
+            data["tools"] = list(self.tools)
+        if self.model is not None:
+            data["model"] = self.model
+        if self.max_turns is not None:
+            data["max_turns"] = self.max_turns
+        if self.timeout is not None:
+            data["timeout"] = self.timeout
+        if self.shared_context:
+            data["shared_context"] = [dict(m) for m in self.shared_context]
+        return data
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["tools"] = list(self.tools) if self.tools is not None else None
+        data["shared_context"] = [dict(m) for m in self.shared_context]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChildConfig:
+        data = dict(data)
+        if data.get("tools") is not None:
+            data["tools"] = tuple(data["tools"])
+        data["shared_context"] = tuple(data.get("shared_context") or ())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class ChildRun(Protocol):
+    """One child as a transport runs it."""
+
+    @property
+    def transport(self) -> str:
+        """`local` or `remote`."""
+        ...
+
+    @property
+    def model(self) -> str:
+        """The model name, when the transport knows it."""
+        ...
+
+    @property
+    def task_id(self) -> str:
+        """The A2A task id (remote), or "" before the first turn / for local runs."""
+        ...
+
+    @property
+    def context_id(self) -> str: ...
+
+    async def turn(self, text: str | None, emit: Emit) -> None:
+        """Play one turn, emitting its events; the last one ends the turn.
+
+        `text=None` continues the turn in progress (after a restart: a
+        local child resumes from its transcript, a remote one re-attaches).
+        """
+        ...
+
+    async def cancel(self) -> None:
+        """Stop the running turn; it then ends as `Failed(reason="aborted")`."""
+        ...
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def aclose(self) -> None:
+        """Release what the run holds (connections); the child itself lives on."""
+        ...
+
+
+class Delegate(Protocol):
+    """A transport: opens child runs."""
+
+    async def open(self, config: ChildConfig, *, child_id: str) -> ChildRun:
+        """Prepare a new child; its first turn starts with `config.prompt`."""
+        ...
+
+
+class ChildHandle:
+    """What a parent holds for one child, the same for every transport."""
+
+    def __init__(
+        self,
+        *,
+        child_id: str,
+        agent: str,
+        role: str,
+        run: ChildRun,
+        sink: EventSink | None = None,
+        history: Sequence[ChildEvent] = (),
+        status: ChildStatus = "running",
+    ) -> None:
+        self.child_id = child_id
+        self.agent = agent
+        self.role = role
+        self.run = run
+        self._sink = sink
+        self._log: list[ChildEvent] = list(history)
+        self._changed = anyio.Event()
+        self._pending: list[str | None] = []
+        self._active = False
+        self._status: ChildStatus = status
+        self._wake = anyio.Event()
+        self._closed = False
+
+    # -- what the parent reads --------------------------------------------------
+
+    @property
+    def status(self) -> ChildStatus:
+        return self._status
+
+    @property
+    def transport(self) -> str:
+        return self.run.transport
+
+    @property
+    def settled(self) -> bool:
+        """No turn running or queued, and the log ends a turn."""
+        return not self._active and not self._pending and self._ends_turn()
+
+    @property
+    def log(self) -> Sequence[ChildEvent]:
+        """Every event so far (a snapshot)."""
+        return tuple(self._log)
+
+    @property
+    def last_terminal(self) -> ChildEvent | None:
+        for event in reversed(self._log):
+            if event.kind in TERMINAL_KINDS:
+                return event
+        return None
+
+    def _ends_turn(self) -> bool:
+        return bool(self._log) and self._log[-1].kind in TERMINAL_KINDS
+
+    async def events(self, start: int = 0) -> AsyncIterator[ChildEvent]:
+        """Replay from `start`, then follow live until the child is settled."""
+        index = start
+        while True:
+            while index < len(self._log):
+                yield self._log[index]
+                index += 1
+            if self.settled or self._closed:
+                return
+            changed = self._changed
+            await changed.wait()
+
+    async def wait(self) -> ChildEvent:
+        """Wait until the child is settled; return the event that ended its last turn."""
+        while not self.settled and not self._closed:
+            await self._changed.wait()
+        terminal = self.last_terminal
+        if terminal is None:
+            raise RuntimeError(f"child {self.child_id} closed before its first turn ended")
+        return terminal
+
+    async def result(self) -> Done | Failed | InputRequired:
+        """The outcome of the child's last turn (waits for it)."""
+        terminal = await self.wait()
+        assert isinstance(terminal, Done | Failed | InputRequired)
+        return terminal
+
+    # -- what the parent does -----------------------------------------------------
+
+    async def send(self, text: str) -> None:
+        """A follow-up in the same conversation (queued behind a running turn)."""
+        if self._closed:
+            raise RuntimeError(f"child {self.child_id} is closed")
+        self._pending.append(text)
+        self._set_status("running")
+        self._notify()
+
+    def continue_turn(self) -> None:
+        """Queue the continuation of an interrupted turn (crash recovery)."""
+        self._pending.append(None)
+        self._set_status("running")
+        self._notify()
+
+    async def cancel(self) -> bool:
+        """Cancel a running or waiting child; False when it had finished."""
+        if self._active:
+            self._pending.clear()
+            await self.run.cancel()
+            return True
+        if self._pending or self._status == "input_required":
+            self._pending.clear()
+            await self.run.cancel()
+            await self._emit(Failed(reason="aborted", message=CANCELED_TEXT))
+            return True
+        return False
+
+    async def pause(self) -> None:
+        await self.run.pause()
+
+    async def resume(self) -> None:
+        await self.run.resume()
+
+    # -- the pump -----------------------------------------------------------------
+
+    def start(self, task_group: TaskGroup) -> None:
+        """Run the pump in the owner's task group."""
+        task_group.start_soon(self._pump, name=f"child {self.child_id}")
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                while not self._pending:
+                    wake = self._wake
+                    await wake.wait()
+                text = self._pending.pop(0)
+                self._active = True
+                try:
+                    if text is not None and self._sink is not None:
+                        await self._sink(self, text)
+                    await self.run.turn(text, self._emit)
+                    if not self._ends_turn():
+                        await self._emit(
+                            Failed(
+                                reason="error",
+                                message="subagent stream ended without a terminal frame",
+                            )
+                        )
+                except Exception as exc:  # contained: one child's failure is its own
+                    logger.exception("child %s failed", self.child_id)
+                    await self._emit(Failed(reason="error", message=f"{type(exc).__name__}: {exc}"))
+                finally:
+                    self._active = False
+                    self._notify()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.run.aclose()
+
+    async def _emit(self, event: ChildEvent) -> None:
+        # Stored first: a crash after this line loses no result.
+        if self._sink is not None:
+            await self._sink(self, event)
+        self._log.append(event)
+        if isinstance(event, Done):
+            self._set_status("completed")
+        elif isinstance(event, Failed):
+            self._set_status("failed")
+        elif isinstance(event, InputRequired):
+            self._set_status("input_required")
+        self._notify()
+
+    def _set_status(self, status: ChildStatus) -> None:
+        self._status = status
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+        self._wake.set()
+        self._wake = anyio.Event()
+
+    def close(self) -> None:
+        """Wake every waiter for good (the owner is shutting down)."""
+        self._closed = True
+        self._notify()

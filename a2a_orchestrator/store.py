@@ -1,0 +1,389 @@
+"""The store: sessions, children and their event transcripts, in SQLite.
+
+The store is the source of truth; in-memory queues are only wake-up
+channels. A child's events (its transcript, and so its result) are written
+here before anyone in memory is told, so a crash loses no finished result.
+
+Contract:
+- One `Store` owns one sqlite3 connection. Every call runs in a worker
+  thread (`anyio.to_thread`) under a lock, so the event loop never blocks on
+  disk and calls from many tasks serialise safely.
+- The schema lives in `MIGRATIONS` (sqlite-utils migrations); WAL mode lets
+  the CLI read a session while an orchestrator writes it.
+- Events are keyed by uuid: appending a uuid twice is a no-op that reports
+  False, which is how readers that absorb events de-duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import anyio
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from .errors import ConfigError
+
+__all__ = ["MIGRATIONS", "ChildRecord", "Store", "StoredEvent"]
+
+T = TypeVar("T")
+
+MIGRATIONS = Migrations("a2a_orchestrator")
+
+
+@MIGRATIONS()
+def m001_initial(db: sqlite_utils.Database) -> None:
+    db["sessions"].create(  # type: ignore[union-attr]
+        {
+            "id": str,
+            "title": str,
+            "parent_session": str,
+            "metadata": str,
+            "created_at": float,
+        },
+        pk="id",
+    )
+    db["children"].create(  # type: ignore[union-attr]
+        {
+            "child_id": str,
+            "session_id": str,
+            "parent_id": str,
+            "task_id": str,
+            "agent": str,
+            "role": str,
+            "model": str,
+            "status": str,
+            "reason": str,
+            "transport": str,
+            "url": str,
+            "a2a_task_id": str,
+            "a2a_context_id": str,
+            "trace_id": str,
+            "config": str,
+            "result": str,
+            "depth": int,
+            "created_at": float,
+            "completed_at": float,
+        },
+        pk="child_id",
+        not_null={"session_id", "role", "status", "transport", "trace_id", "created_at"},
+        foreign_keys=[("session_id", "sessions", "id")],
+    )
+    db["children"].create_index(["session_id"])  # type: ignore[union-attr]
+    db["children"].create_index(["parent_id"])  # type: ignore[union-attr]
+    # `seq` orders a session's events for paging; `uuid` de-duplicates them.
+    db.execute(
+        """
+        CREATE TABLE events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            uuid TEXT NOT NULL UNIQUE,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            child_id TEXT,
+            kind TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )
+        """
+    )
+    db["events"].create_index(["session_id", "seq"])  # type: ignore[union-attr]
+    db["events"].create_index(["child_id", "seq"])  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildRecord:
+    """One row of the children table."""
+
+    child_id: str
+    session_id: str
+    role: str
+    status: str
+    """running, input_required, completed, failed (the last turn's outcome)."""
+    transport: str
+    """`local` (in-process) or `remote` (A2A over HTTP)."""
+    trace_id: str
+    created_at: float
+    parent_id: str = ""
+    """The child id of the parent, or "" when the session's root spawned it."""
+    task_id: str = ""
+    """The parent's task (turn) the child was spawned for."""
+    agent: str = ""
+    model: str = ""
+    reason: str = ""
+    """For failed children: error, max_turns, aborted, timeout or lost."""
+    url: str = ""
+    a2a_task_id: str = ""
+    a2a_context_id: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    result: str = ""
+    depth: int = 1
+    completed_at: float | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["config"] = json.dumps(self.config)
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ChildRecord:
+        names = {f.name for f in fields(cls)}
+        data = {k: v for k, v in row.items() if k in names}
+        data["config"] = json.loads(data.get("config") or "{}")
+        for key in ("parent_id", "task_id", "agent", "model", "reason", "url", "result"):
+            data[key] = data.get(key) or ""
+        data["a2a_task_id"] = data.get("a2a_task_id") or ""
+        data["a2a_context_id"] = data.get("a2a_context_id") or ""
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredEvent:
+    """One transcript entry: a child event, or an input given to a child."""
+
+    seq: int
+    uuid: str
+    session_id: str
+    child_id: str | None
+    kind: str
+    payload: dict[str, Any]
+    created_at: float
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Store:
+    """SQLite store for one orchestrator (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"cannot open store {self.path}: {exc}") from exc
+        self._db = sqlite_utils.Database(connection)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        # WAL with synchronous=NORMAL is durable against a process crash
+        # (kill -9), which is the failure the store exists for.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._lock = threading.Lock()
+        self._closed = False
+        MIGRATIONS.apply(self._db)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        def locked() -> T:
+            with self._lock:
+                if self._closed:
+                    raise ConfigError(f"store {self.path} is closed")
+                return fn()
+
+        return await anyio.to_thread.run_sync(locked)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.conn.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions -------------------------------------------------------------
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        title: str = "",
+        parent_session: str = "",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Create a session (or keep the existing one of that id); return its id."""
+        sid = session_id or uuidlib.uuid4().hex
+        row = {
+            "id": sid,
+            "title": title,
+            "parent_session": parent_session,
+            "metadata": json.dumps(dict(metadata or {})),
+            "created_at": time.time(),
+        }
+        await self._run(lambda: self._db["sessions"].insert(row, ignore=True))  # type: ignore[union-attr]
+        return sid
+
+    async def get_session(self, session_id: str) -> dict[str, Any] | None:
+        def get() -> dict[str, Any] | None:
+            rows = list(self._db["sessions"].rows_where("id = ?", [session_id]))
+            if not rows:
+                return None
+            row = dict(rows[0])
+            row["metadata"] = json.loads(row["metadata"] or "{}")
+            return row
+
+        return await self._run(get)
+
+    async def list_sessions(self) -> list[dict[str, Any]]:
+        def rows() -> list[dict[str, Any]]:
+            return [dict(r) for r in self._db["sessions"].rows_where(order_by="created_at")]
+
+        return await self._run(rows)
+
+    # -- children -------------------------------------------------------------
+
+    async def add_child(self, record: ChildRecord) -> None:
+        await self._run(lambda: self._db["children"].insert(record.to_row()))  # type: ignore[union-attr]
+
+    async def update_child(self, child_id: str, **changes: Any) -> None:
+        if "config" in changes:
+            changes["config"] = json.dumps(changes["config"])
+        await self._run(lambda: self._db["children"].update(child_id, changes))  # type: ignore[union-attr]
+
+    async def get_child(self, child_id: str) -> ChildRecord | None:
+        def get() -> ChildRecord | None:
+            rows = list(self._db["children"].rows_where("child_id = ?", [child_id]))
+            return ChildRecord.from_row(rows[0]) if rows else None
+
+        return await self._run(get)
+
+    async def list_children(
+        self,
+        *,
+        session_id: str | None = None,
+        parent_id: str | None = None,
+        statuses: Iterable[str] | None = None,
+    ) -> list[ChildRecord]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if session_id is not None:
+            clauses.append("session_id = ?")
+            params.append(session_id)
+        if parent_id is not None:
+            clauses.append("parent_id = ?")
+            params.append(parent_id)
+        if statuses is not None:
+            wanted = list(statuses)
+            clauses.append(f"status IN ({', '.join('?' for _ in wanted)})")
+            params.extend(wanted)
+        where = " AND ".join(clauses) or None
+
+        def rows() -> list[ChildRecord]:
+            return [
+                ChildRecord.from_row(r)
+                for r in self._db["children"].rows_where(where, params, order_by="created_at")
+            ]
+
+        return await self._run(rows)
+
+    # -- events ---------------------------------------------------------------
+
+    async def append_event(
+        self,
+        session_id: str,
+        kind: str,
+        payload: Mapping[str, Any],
+        *,
+        child_id: str | None = None,
+        uuid: str | None = None,
+    ) -> StoredEvent | None:
+        """Append one transcript entry; None when its uuid is stored already."""
+        return (await self.append_events([(session_id, child_id, kind, payload, uuid)]))[0]
+
+    async def append_events(
+        self,
+        entries: Iterable[tuple[str, str | None, str, Mapping[str, Any], str | None]],
+    ) -> list[StoredEvent | None]:
+        """Append several entries atomically, in order (session, child, kind, payload, uuid)."""
+        batch = list(entries)
+
+        def insert() -> list[StoredEvent | None]:
+            stored: list[StoredEvent | None] = []
+            with self._db.conn:
+                for session_id, child_id, kind, payload, uuid in batch:
+                    event_uuid = uuid or uuidlib.uuid4().hex
+                    now = time.time()
+                    cursor = self._db.conn.execute(
+                        "INSERT OR IGNORE INTO events "
+                        "(uuid, session_id, child_id, kind, payload, created_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (event_uuid, session_id, child_id, kind, json.dumps(dict(payload)), now),
+                    )
+                    if cursor.rowcount == 0:
+                        stored.append(None)
+                        continue
+                    stored.append(
+                        StoredEvent(
+                            seq=int(cursor.lastrowid or 0),
+                            uuid=event_uuid,
+                            session_id=session_id,
+                            child_id=child_id,
+                            kind=kind,
+                            payload=dict(payload),
+                            created_at=now,
+                        )
+                    )
+            return stored
+
+        return await self._run(insert)
+
+    async def events(
+        self,
+        session_id: str | None = None,
+        *,
+        child_id: str | None = None,
+        after: int = 0,
+        limit: int | None = None,
+        kinds: Iterable[str] | None = None,
+    ) -> list[StoredEvent]:
+        """Events in order of `seq`, after `after`, optionally only of one child or kinds."""
+        clauses = ["seq > ?"]
+        params: list[Any] = [after]
+        if session_id is not None:
+            clauses.append("session_id = ?")
+            params.append(session_id)
+        if child_id is not None:
+            clauses.append("child_id = ?")
+            params.append(child_id)
+        if kinds is not None:
+            wanted = list(kinds)
+            clauses.append(f"kind IN ({', '.join('?' for _ in wanted)})")
+            params.extend(wanted)
+        sql = f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+
+        def rows() -> list[StoredEvent]:
+            cursor = self._db.conn.execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            out = []
+            for values in cursor.fetchall():
+                row = dict(zip(names, values, strict=True))
+                row["payload"] = json.loads(row["payload"])
+                out.append(StoredEvent(**row))
+            return out
+
+        return await self._run(rows)
+
+    async def export_jsonl(self, session_id: str, out: IO[str]) -> int:
+        """Write one session's event log as JSON lines; return how many."""
+        count = 0
+        after = 0
+        while True:
+            page = await self.events(session_id, after=after, limit=1000)
+            if not page:
+                return count
+            for event in page:
+                out.write(json.dumps(event.as_json(), ensure_ascii=False) + "\n")
+            count += len(page)
+            after = page[-1].seq
