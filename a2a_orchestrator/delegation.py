@@ -51,9 +51,10 @@ logger = logging.getLogger(__name__)
 
 ChildStatus: TypeAlias = Literal["running", "input_required", "completed", "failed"]
 Emit = Callable[[ChildEvent], Awaitable[None]]
-EventSink = Callable[["ChildHandle", "ChildEvent | str"], Awaitable[None]]
+EventSink = Callable[["ChildHandle", "ChildEvent | str"], Awaitable[bool]]
 """Called with each event (or, as a plain string, each input given to the
-child) before the handle publishes it; the session stores it there."""
+child) before the handle publishes it; the session stores it there. False
+means the event's uuid was recorded already (a replay), and it is dropped."""
 
 CANCELED_TEXT = "canceled by request"
 
@@ -184,6 +185,7 @@ class ChildHandle:
         self.run = run
         self._sink = sink
         self._log: list[ChildEvent] = list(history)
+        self._uuids = {event.uuid for event in history}
         self._changed = anyio.Event()
         self._pending: list[str | None] = []
         self._active = False
@@ -319,9 +321,15 @@ class ChildHandle:
                 await self.run.aclose()
 
     async def _emit(self, event: ChildEvent) -> None:
+        # A replayed event (re-attach after a broken stream or a restart)
+        # carries the uuid it had the first time.
+        if event.uuid in self._uuids:
+            return
         # Stored first: a crash after this line loses no result.
-        if self._sink is not None:
-            await self._sink(self, event)
+        if self._sink is not None and not await self._sink(self, event):
+            self._uuids.add(event.uuid)
+            return
+        self._uuids.add(event.uuid)
         self._log.append(event)
         if isinstance(event, Done):
             self._set_status("completed")

@@ -8,6 +8,7 @@ where that mapping is written once). Every event is a frozen value with a
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -27,7 +28,21 @@ __all__ = [
     "ToolResult",
     "event_from_dict",
     "event_to_dict",
+    "new_uuid",
 ]
+
+
+def new_uuid() -> str:
+    return uuidlib.uuid4().hex
+
+
+def _uuid() -> Any:
+    # Identity, not value: two events that say the same thing compare equal.
+    # Over A2A the uuid is the status message's id, so the orchestrator and
+    # the role server know an event by the same uuid, and a replayed event
+    # (re-attach, restart) is recognised and dropped.
+    return field(default_factory=new_uuid, compare=False)
+
 
 FailReason: TypeAlias = Literal["error", "max_turns", "aborted", "timeout", "lost"]
 
@@ -37,6 +52,7 @@ class Started:
     """The child began (or resumed) a turn of work."""
 
     kind: Literal["started"] = "started"
+    uuid: str = _uuid()
     role: str = ""
     """The role the child runs as."""
     model: str = ""
@@ -48,6 +64,7 @@ class MessageDelta:
     """A piece of assistant text as the model streams it."""
 
     kind: Literal["message_delta"] = "message_delta"
+    uuid: str = _uuid()
     text: str
 
 
@@ -56,6 +73,7 @@ class AssistantMessage:
     """A complete assistant message (the deltas before it, joined)."""
 
     kind: Literal["message"] = "message"
+    uuid: str = _uuid()
     text: str
 
 
@@ -64,6 +82,7 @@ class ToolCalled:
     """The child called a tool."""
 
     kind: Literal["tool_called"] = "tool_called"
+    uuid: str = _uuid()
     call_id: str
     tool: str
     arguments: dict[str, Any] = field(default_factory=dict)
@@ -74,6 +93,7 @@ class ToolResult:
     """A tool call finished; `success` is False when the tool refused or failed."""
 
     kind: Literal["tool_result"] = "tool_result"
+    uuid: str = _uuid()
     call_id: str
     tool: str
     output: str
@@ -85,6 +105,7 @@ class InputRequired:
     """The child stopped to ask its parent; a follow-up message continues it."""
 
     kind: Literal["input_required"] = "input_required"
+    uuid: str = _uuid()
     question: str
 
 
@@ -93,6 +114,7 @@ class Done:
     """The child finished its turn with a final answer."""
 
     kind: Literal["done"] = "done"
+    uuid: str = _uuid()
     text: str
     usage: Usage = field(default_factory=Usage)
 
@@ -102,6 +124,7 @@ class Failed:
     """The child ended without an answer; `reason` says why."""
 
     kind: Literal["failed"] = "failed"
+    uuid: str = _uuid()
     reason: FailReason
     message: str
     usage: Usage = field(default_factory=Usage)

@@ -295,20 +295,35 @@ class Store:
         *,
         child_id: str | None = None,
         uuid: str | None = None,
+        child_changes: Mapping[str, Any] | None = None,
     ) -> StoredEvent | None:
-        """Append one transcript entry; None when its uuid is stored already."""
-        return (await self.append_events([(session_id, child_id, kind, payload, uuid)]))[0]
+        """Append one transcript entry; None when its uuid is stored already.
+
+        `child_changes` updates the child's row in the same transaction (a
+        terminal event and the child's new status land together or not at all).
+        """
+        entry = (session_id, child_id, kind, payload, uuid)
+        return (await self.append_events([entry], child_changes=child_changes))[0]
 
     async def append_events(
         self,
         entries: Iterable[tuple[str, str | None, str, Mapping[str, Any], str | None]],
+        *,
+        child_changes: Mapping[str, Any] | None = None,
     ) -> list[StoredEvent | None]:
         """Append several entries atomically, in order (session, child, kind, payload, uuid)."""
         batch = list(entries)
+        changes = dict(child_changes or {})
 
         def insert() -> list[StoredEvent | None]:
             stored: list[StoredEvent | None] = []
             with self._db.conn:
+                if changes and batch and batch[0][1] is not None:
+                    assignments = ", ".join(f"{name} = ?" for name in changes)
+                    self._db.conn.execute(
+                        f"UPDATE children SET {assignments} WHERE child_id = ?",
+                        [*changes.values(), batch[0][1]],
+                    )
                 for session_id, child_id, kind, payload, uuid in batch:
                     event_uuid = uuid or uuidlib.uuid4().hex
                     now = time.time()

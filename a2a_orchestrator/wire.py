@@ -41,6 +41,7 @@ from .events import (
     Started,
     ToolCalled,
     ToolResult,
+    new_uuid,
 )
 from .models.base import ChatMessage, Usage
 from .transcript import rebuild_transcript
@@ -77,12 +78,14 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
     match event:
         case Started(role=role, model=model):
             meta.update(role=role, model=model)
-            await _status(updater, working, [new_text_part(f"{role or 'agent'} started")], meta)
+            await _status(
+                updater, working, [new_text_part(f"{role or 'agent'} started")], meta, event.uuid
+            )
         case MessageDelta(text=text) | AssistantMessage(text=text):
-            await _status(updater, working, [new_text_part(text)], meta)
+            await _status(updater, working, [new_text_part(text)], meta, event.uuid)
         case ToolCalled(call_id=call_id, tool=tool, arguments=arguments):
             data = {"call_id": call_id, "tool": tool, "arguments": arguments}
-            await _status(updater, working, [new_data_part(data)], meta)
+            await _status(updater, working, [new_data_part(data)], meta, event.uuid)
         case ToolResult(call_id=call_id, tool=tool, output=output, success=success):
             data = {
                 "call_id": call_id,
@@ -90,17 +93,17 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
                 "output": output,
                 "success": success,
             }
-            await _status(updater, working, [new_data_part(data)], meta)
+            await _status(updater, working, [new_data_part(data)], meta, event.uuid)
         case InputRequired(question=question):
             state = TaskState.TASK_STATE_INPUT_REQUIRED
-            await _status(updater, state, [new_text_part(question)], meta)
+            await _status(updater, state, [new_text_part(question)], meta, event.uuid)
         case Done(text=text, usage=usage):
             meta["usage"] = usage.as_dict()
             await updater.add_artifact(
                 [new_text_part(text)], name=RESULT_ARTIFACT, metadata={"usage": usage.as_dict()}
             )
             state = TaskState.TASK_STATE_COMPLETED
-            await _status(updater, state, [new_text_part(text)], meta)
+            await _status(updater, state, [new_text_part(text)], meta, event.uuid)
         case Failed(reason=reason, message=message, usage=usage):
             meta.update(reason=reason, usage=usage.as_dict())
             state = (
@@ -108,13 +111,20 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
                 if reason == "aborted"
                 else TaskState.TASK_STATE_FAILED
             )
-            await _status(updater, state, [new_text_part(message)], meta)
+            await _status(updater, state, [new_text_part(message)], meta, event.uuid)
 
 
 async def _status(
-    updater: TaskUpdater, state: TaskState, parts: list[Part], meta: dict[str, Any]
+    updater: TaskUpdater,
+    state: TaskState,
+    parts: list[Part],
+    meta: dict[str, Any],
+    uuid: str,
 ) -> None:
-    await updater.update_status(state, updater.new_agent_message(parts, metadata=meta))
+    message = updater.new_agent_message(parts, metadata=meta)
+    # The event's uuid is the message id: both ends know the event by it.
+    message.message_id = uuid
+    await updater.update_status(state, message)
 
 
 def _meta(message: Message) -> dict[str, Any]:
@@ -144,36 +154,42 @@ def _reason(raw: Any, default: FailReason) -> FailReason:
 
 
 def _decode_ours(kind: str, message: Message) -> ChildEvent | None:
+    uuid = message.message_id or new_uuid()
     meta = _meta(message)
     text = get_message_text(message)
     data = _data(message)
     match kind:
         case "started":
-            return Started(role=str(meta.get("role", "")), model=str(meta.get("model", "")))
+            return Started(
+                uuid=uuid, role=str(meta.get("role", "")), model=str(meta.get("model", ""))
+            )
         case "message_delta":
-            return MessageDelta(text=text)
+            return MessageDelta(uuid=uuid, text=text)
         case "message":
-            return AssistantMessage(text=text)
+            return AssistantMessage(uuid=uuid, text=text)
         case "tool_called":
             args = data.get("arguments")
             return ToolCalled(
+                uuid=uuid,
                 call_id=str(data.get("call_id", "")),
                 tool=str(data.get("tool", "")),
                 arguments=args if isinstance(args, dict) else {},
             )
         case "tool_result":
             return ToolResult(
+                uuid=uuid,
                 call_id=str(data.get("call_id", "")),
                 tool=str(data.get("tool", "")),
                 output=str(data.get("output", "")),
                 success=bool(data.get("success", False)),
             )
         case "input_required":
-            return InputRequired(question=text)
+            return InputRequired(uuid=uuid, question=text)
         case "done":
-            return Done(text=text, usage=_usage(meta.get("usage")))
+            return Done(uuid=uuid, text=text, usage=_usage(meta.get("usage")))
         case "failed":
             return Failed(
+                uuid=uuid,
                 reason=_reason(meta.get("reason"), "error"),
                 message=text,
                 usage=_usage(meta.get("usage")),
@@ -182,75 +198,138 @@ def _decode_ours(kind: str, message: Message) -> ChildEvent | None:
 
 
 class StreamDecoder:
-    """Turns a task's stream responses back into child events.
+    """Turns one task's stream responses back into child events.
 
-    Stateful per task: a foreign agent may put its answer in artifacts and
-    end with a bare COMPLETED status, so artifact text is kept until then.
+    Every status message is decoded once, by its message id, so a task
+    snapshot (the first frame of a stream, a re-subscription, GetTask) can
+    be replayed in full: events a broken stream missed come back from the
+    task's history, and events already seen are skipped. A foreign agent may
+    put its answer in artifacts and end with a bare COMPLETED status, so
+    artifact text is kept until then.
     """
 
     def __init__(self) -> None:
-        self._artifact_text: list[str] = []
+        self._seen: set[str] = set()
+        self._artifacts: dict[str, list[str]] = {}
         self._started = False
+        self.task_id = ""
+        self.context_id = ""
+        self.state: TaskState = TaskState.TASK_STATE_UNSPECIFIED
+
+    def new_turn(self) -> None:
+        """Forget the last turn's artifacts (a new task may follow); seen ids stay seen."""
+        self._artifacts.clear()
+
+    @property
+    def finished_turn(self) -> bool:
+        """The task is terminal or waiting for input: this turn is over."""
+        return self.state in _TURN_ENDING
 
     def decode(self, response: StreamResponse) -> list[ChildEvent]:
         which = response.WhichOneof("payload")
         if which == "task":
             return self.decode_task(response.task)
         if which == "artifact_update":
-            artifact = response.artifact_update.artifact
-            self._artifact_text.extend(p.text for p in artifact.parts if p.HasField("text"))
+            update = response.artifact_update
+            self._note(update.task_id, update.context_id)
+            self._keep_artifact(update.artifact, append=update.append)
             return []
         if which == "status_update":
-            status = response.status_update.status
-            return self._decode_status(
-                status.state, status.message if status.HasField("message") else None
-            )
+            update = response.status_update
+            self._note(update.task_id, update.context_id)
+            status = update.status
+            message = status.message if status.HasField("message") else None
+            return self._decode_status(status.state, message)
         if which == "message":
             # A peer that answers with a bare message finished in one step.
-            return [*self._start(), Done(text=get_message_text(response.message))]
+            self.state = TaskState.TASK_STATE_COMPLETED
+            done = Done(uuid=response.message.message_id, text=get_message_text(response.message))
+            return [*self._start(), done]
         return []
 
     def decode_task(self, task: Task) -> list[ChildEvent]:
-        """A task snapshot: only its final state matters (GetTask, first frame)."""
+        """A task snapshot: replay what its history holds that was not seen yet."""
+        self._note(task.id, task.context_id)
         for artifact in task.artifacts:
-            if artifact.name == RESULT_ARTIFACT or not self._artifact_text:
-                self._artifact_text.extend(p.text for p in artifact.parts if p.HasField("text"))
-        state = task.status.state
-        if state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING):
-            return []
+            self._keep_artifact(artifact, append=False)
+        events: list[ChildEvent] = []
+        for message in task.history:
+            if message.role == Role.ROLE_AGENT and message.message_id not in self._seen:
+                kind = _meta(message).get(EVENT_KEY)
+                self._seen.add(message.message_id)
+                event = _decode_ours(kind, message) if isinstance(kind, str) else None
+                if event is not None:
+                    self._started = self._started or isinstance(event, Started)
+                    events.append(event)
         message = task.status.message if task.status.HasField("message") else None
-        return self._decode_status(state, message)
+        events.extend(self._decode_status(task.status.state, message))
+        return events
+
+    def _note(self, task_id: str, context_id: str) -> None:
+        self.task_id = task_id or self.task_id
+        self.context_id = context_id or self.context_id
+
+    def _keep_artifact(self, artifact: Any, *, append: bool) -> None:
+        texts = [p.text for p in artifact.parts if p.HasField("text")]
+        if append:
+            self._artifacts.setdefault(artifact.artifact_id, []).extend(texts)
+        else:
+            self._artifacts[artifact.artifact_id] = texts
 
     def _start(self) -> list[ChildEvent]:
         if self._started:
             return []
         self._started = True
-        return [Started()]
+        return [Started(uuid=f"{self.task_id}:started")]
 
     def _decode_status(self, state: TaskState, message: Message | None) -> list[ChildEvent]:
+        if state in _TURN_ENDING and self.state == state and message is None:
+            return []
+        self.state = state
         if message is not None:
+            if message.message_id in self._seen:
+                return []
+            self._seen.add(message.message_id)
             kind = _meta(message).get(EVENT_KEY)
             if isinstance(kind, str):
                 event = _decode_ours(kind, message)
                 if isinstance(event, Started):
                     self._started = True
                 return [event] if event is not None else []
+        if state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_UNSPECIFIED):
+            return []
         text = get_message_text(message) if message is not None else ""
+        # A foreign agent's message id names the event; a bare state change
+        # is named by task and state, so a replay of it is recognised too.
+        uuid = message.message_id if message is not None and message.message_id else ""
+        uuid = uuid or f"{self.task_id}:{TaskState.Name(state)}"
         events = self._start()
         match state:
-            case TaskState.TASK_STATE_WORKING | TaskState.TASK_STATE_SUBMITTED:
+            case TaskState.TASK_STATE_WORKING:
                 if text:
-                    events.append(AssistantMessage(text=text))
+                    events.append(AssistantMessage(uuid=uuid, text=text))
             case TaskState.TASK_STATE_INPUT_REQUIRED | TaskState.TASK_STATE_AUTH_REQUIRED:
-                events.append(InputRequired(question=text or "(input required)"))
+                events.append(InputRequired(uuid=uuid, question=text or "(input required)"))
             case TaskState.TASK_STATE_COMPLETED:
-                result = "\n".join(self._artifact_text) if self._artifact_text else text
-                events.append(Done(text=result))
+                result = "\n".join(t for texts in self._artifacts.values() for t in texts)
+                events.append(Done(uuid=uuid, text=result or text))
             case TaskState.TASK_STATE_CANCELED:
-                events.append(Failed(reason="aborted", message=text or "canceled"))
+                events.append(Failed(uuid=uuid, reason="aborted", message=text or "canceled"))
             case TaskState.TASK_STATE_FAILED | TaskState.TASK_STATE_REJECTED:
-                events.append(Failed(reason="error", message=text or "failed"))
+                events.append(Failed(uuid=uuid, reason="error", message=text or "failed"))
         return events
+
+
+_TURN_ENDING = frozenset(
+    {
+        TaskState.TASK_STATE_COMPLETED,
+        TaskState.TASK_STATE_FAILED,
+        TaskState.TASK_STATE_CANCELED,
+        TaskState.TASK_STATE_REJECTED,
+        TaskState.TASK_STATE_INPUT_REQUIRED,
+        TaskState.TASK_STATE_AUTH_REQUIRED,
+    }
+)
 
 
 def transcript_from_history(

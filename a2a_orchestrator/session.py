@@ -1,0 +1,330 @@
+"""`Session`: a parent's children, over the one delegation interface.
+
+A session resolves each child through the network (remote or in-process),
+opens it on the matching transport, records it in the store, and runs its
+pump in the session's task group. Every child event is stored (with the
+child's new status, in one transaction) before the handle publishes it.
+
+Contract:
+- `async with Session(...)` owns a task group; leaving it stops the pumps.
+  Children still running stay `running` in the store: local ones resume from
+  their transcripts and remote ones are re-attached by `recover()` in a later
+  session of the same id (after a crash, the same holds).
+- `spawn(config)` returns a `ChildHandle` at once; `spawn_child(config)` is
+  the agentik shape: an async iterator of that child's events. Dropping the
+  iterator does not cancel the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+import uuid as uuidlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus
+from .errors import ConfigError
+from .events import (
+    ChildEvent,
+    Done,
+    Failed,
+    InputRequired,
+    MessageDelta,
+    event_from_dict,
+    event_to_dict,
+)
+from .models.base import Model
+from .models.config import ModelSettings, resolve_model
+from .network import AgentSpec, Network
+from .store import ChildRecord, Store
+from .tools import Workspace
+from .transports import LocalDelegate, RemoteDelegate
+
+__all__ = ["Session"]
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+class Session:
+    """A parent's run: its children, their transcripts, and their pumps."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        workdir: str | Path = ".",
+        network: Network | None = None,
+        models: Callable[[str], Model] | None = None,
+        session_id: str | None = None,
+        parent_model: str | None = None,
+        title: str = "",
+        remote: RemoteDelegate | None = None,
+        lost_after: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.network = network or Network.load()
+        self.workspace = Workspace(Path(workdir))
+        settings = ModelSettings.from_env() if models is None else None
+        self.models = models or (lambda name: resolve_model(name, settings))  # type: ignore[arg-type]
+        self.id = session_id or uuidlib.uuid4().hex
+        self.title = title
+        self.trace_id = uuidlib.uuid4().hex
+        self.local = LocalDelegate(self.workspace, models=self.models, parent_model=parent_model)
+        self._remote = remote
+        self._lost_after = lost_after
+        self._children: dict[str, ChildHandle] = {}
+        self._state = _State.UNOPENED
+        self._stack = contextlib.AsyncExitStack()
+        self._tg: TaskGroup | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def __aenter__(self) -> Session:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(f"a session can be opened once (it is {self._state.value})")
+        await self.store.create_session(self.id, title=self.title)
+        if self._remote is None:
+            self._remote = await self._stack.enter_async_context(
+                _closing(RemoteDelegate(lost_after=self._lost_after))
+            )
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._state = _State.OPENED
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._state = _State.CLOSED
+        for handle in self._children.values():
+            handle.close()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        await self._stack.__aexit__(exc_type, exc, tb)
+
+    def _opened(self) -> TaskGroup:
+        if self._state is not _State.OPENED or self._tg is None:
+            raise RuntimeError(f"the session is {self._state.value}; use it inside `async with`")
+        return self._tg
+
+    @property
+    def remote(self) -> RemoteDelegate:
+        if self._remote is None:
+            raise RuntimeError("the session is not open")
+        return self._remote
+
+    # -- children -----------------------------------------------------------------
+
+    @property
+    def children(self) -> dict[str, ChildHandle]:
+        """The children this session holds in memory, by child id."""
+        return dict(self._children)
+
+    async def spawn(
+        self,
+        config: ChildConfig,
+        *,
+        parent_id: str = "",
+        task_id: str = "",
+        child_id: str | None = None,
+        depth: int = 1,
+    ) -> ChildHandle:
+        """Start a child and return its handle at once."""
+        tg = self._opened()
+        spec = self.network.resolve(config.role)
+        child_id = child_id or uuidlib.uuid4().hex[:12]
+        if child_id in self._children:
+            raise ConfigError(f"child id {child_id!r} is taken")
+        record = ChildRecord(
+            child_id=child_id,
+            session_id=self.id,
+            parent_id=parent_id,
+            task_id=task_id,
+            agent=spec.name,
+            role=spec.role,
+            model=config.model or "",
+            status="running",
+            transport="remote" if spec.remote else "local",
+            url=spec.url or "",
+            trace_id=self.trace_id,
+            config=config.to_dict(),
+            depth=depth,
+            created_at=time.time(),
+        )
+        run: ChildRun
+        if spec.remote:
+            run = await self.remote.open(
+                spec, config, child_id=child_id, on_attached=self._attached(child_id)
+            )
+        else:
+            run = await self.local.open(spec, config, child_id=child_id)
+        await self.store.add_child(record)
+        handle = ChildHandle(
+            child_id=child_id, agent=spec.name, role=spec.role, run=run, sink=self._sink
+        )
+        self._children[child_id] = handle
+        await handle.send(config.prompt)
+        handle.start(tg)
+        return handle
+
+    async def spawn_child(self, config: ChildConfig, **kwargs: Any) -> AsyncIterator[ChildEvent]:
+        """The child's events as they come (agentik's `spawnChild`)."""
+        handle = await self.spawn(config, **kwargs)
+        async for event in handle.events():
+            yield event
+
+    async def child(self, child_id: str) -> ChildHandle:
+        """A child of this session, reopened from the store if needed."""
+        handle = self._children.get(child_id)
+        if handle is not None:
+            return handle
+        record = await self.store.get_child(child_id)
+        if record is None or record.session_id != self.id:
+            raise KeyError(child_id)
+        return await self._reopen(record, resume=False)
+
+    async def recover(self) -> list[ChildHandle]:
+        """Resume or re-attach every child the store says is still running."""
+        self._opened()
+        handles = []
+        for record in await self.store.list_children(session_id=self.id, statuses=["running"]):
+            if record.child_id not in self._children:
+                handles.append(await self._reopen(record, resume=True))
+        return handles
+
+    async def wait_all(self) -> dict[str, ChildEvent]:
+        """Wait until every child is settled; their last turn's outcomes."""
+        results: dict[str, ChildEvent] = {}
+        for child_id, handle in list(self._children.items()):
+            results[child_id] = await handle.wait()
+        return results
+
+    # -- internals ----------------------------------------------------------------
+
+    def _spec_for(self, record: ChildRecord) -> AgentSpec:
+        known = self.network.agents.get(record.agent)
+        if record.transport == "remote":
+            token_env = known.token_env if known is not None else None
+            return AgentSpec(
+                name=record.agent, role=record.role, url=record.url, token_env=token_env
+            )
+        return AgentSpec(name=record.agent or record.role, role=record.role)
+
+    async def _reopen(self, record: ChildRecord, *, resume: bool) -> ChildHandle:
+        tg = self._opened()
+        stored = await self.store.events(self.id, child_id=record.child_id)
+        entries: list[str | ChildEvent] = []
+        history: list[ChildEvent] = []
+        for item in stored:
+            if item.kind == "input":
+                entries.append(str(item.payload.get("text", "")))
+            else:
+                event = event_from_dict(item.payload)
+                entries.append(event)
+                history.append(event)
+        config = ChildConfig.from_dict(record.config)
+        spec = self._spec_for(record)
+        run: ChildRun
+        if record.transport == "remote":
+            run = await self.remote.reopen(
+                spec,
+                config,
+                child_id=record.child_id,
+                task_id=record.a2a_task_id,
+                context_id=record.a2a_context_id,
+                on_attached=self._attached(record.child_id),
+            )
+        else:
+            run = await self.local.reopen(spec, config, child_id=record.child_id, entries=entries)
+        status: ChildStatus = record.status if record.status in _STATUSES else "running"  # type: ignore[assignment]
+        handle = ChildHandle(
+            child_id=record.child_id,
+            agent=spec.name,
+            role=spec.role,
+            run=run,
+            sink=self._sink,
+            history=history,
+            status=status,
+        )
+        self._children[record.child_id] = handle
+        if resume and not handle.settled:
+            handle.continue_turn()
+        elif resume and history:
+            # The last event ended a turn but the status did not follow (a
+            # crash between the two is impossible in one transaction, but a
+            # store written by an older version may show it): settle it now.
+            await self.store.update_child(record.child_id, **_changes(history[-1]))
+        handle.start(tg)
+        return handle
+
+    def _attached(self, child_id: str) -> Callable[[str, str], Any]:
+        async def attached(task_id: str, context_id: str) -> None:
+            await self.store.update_child(child_id, a2a_task_id=task_id, a2a_context_id=context_id)
+
+        return attached
+
+    async def _sink(self, handle: ChildHandle, item: ChildEvent | str) -> bool:
+        if isinstance(item, str):
+            await self.store.append_event(
+                self.id, "input", {"text": item}, child_id=handle.child_id
+            )
+            return True
+        if isinstance(item, MessageDelta):
+            return True  # live only: the whole message is stored with its `message` event
+        changes = _changes(item)
+        if changes and handle.run.model:
+            changes["model"] = handle.run.model
+        stored = await self.store.append_event(
+            self.id,
+            item.kind,
+            event_to_dict(item),
+            child_id=handle.child_id,
+            uuid=item.uuid,
+            child_changes=changes or None,
+        )
+        return stored is not None
+
+
+_STATUSES = ("running", "input_required", "completed", "failed")
+
+
+def _changes(event: ChildEvent) -> dict[str, Any]:
+    """The child row's new fields after an event that ends a turn."""
+    if isinstance(event, Done):
+        return {
+            "status": "completed",
+            "result": event.text,
+            "reason": "",
+            "completed_at": time.time(),
+        }
+    if isinstance(event, Failed):
+        return {
+            "status": "failed",
+            "result": event.message,
+            "reason": event.reason,
+            "completed_at": time.time(),
+        }
+    if isinstance(event, InputRequired):
+        return {"status": "input_required", "result": event.question}
+    return {}
+
+
+@contextlib.asynccontextmanager
+async def _closing(delegate: RemoteDelegate) -> AsyncIterator[RemoteDelegate]:
+    try:
+        yield delegate
+    finally:
+        await delegate.aclose()

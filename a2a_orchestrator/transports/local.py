@@ -1,0 +1,107 @@
+"""The in-process transport: a child's conversation runs in this process.
+
+The same role files, tools, runtime and child-config rules as a role server,
+without HTTP; events come straight from the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from ..delegation import CANCELED_TEXT, ChildConfig, Emit
+from ..events import ChildEvent
+from ..executor import apply_child_config, role_conversation
+from ..models.base import Model
+from ..network import AgentSpec
+from ..roles import find_role
+from ..runtime import Conversation
+from ..tools import Tool, Workspace
+from ..transcript import rebuild_transcript
+
+__all__ = ["LocalDelegate", "LocalRun", "pick_model"]
+
+
+def pick_model(requested: str | None, role_model: str, parent_model: str | None) -> str:
+    """The child's model: asked for, else the role's own, else the parent's."""
+    if requested:
+        return requested
+    if role_model and role_model != "default":
+        return role_model
+    return parent_model or "default"
+
+
+class LocalRun:
+    """A child conversation running in this process."""
+
+    transport = "local"
+    task_id = ""
+    context_id = ""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+
+    @property
+    def model(self) -> str:
+        return self.conversation.model.name
+
+    async def turn(self, text: str | None, emit: Emit) -> None:
+        await self.conversation.run(text, emit)
+
+    async def cancel(self) -> None:
+        self.conversation.resume()
+        self.conversation.abort("aborted", CANCELED_TEXT)
+
+    async def pause(self) -> None:
+        self.conversation.pause()
+
+    async def resume(self) -> None:
+        self.conversation.resume()
+
+    async def aclose(self) -> None:
+        self.conversation.abort("lost", "the orchestrator stopped while this child ran")
+
+
+class LocalDelegate:
+    """Opens in-process children (`Delegate` for agents without a URL)."""
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        models: Callable[[str], Model],
+        parent_model: str | None = None,
+        extra_tools: Mapping[str, Tool] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.workspace = workspace
+        self.models = models
+        self.parent_model = parent_model
+        self.extra_tools = dict(extra_tools or {})
+        self.cwd = cwd
+
+    def _conversation(
+        self, spec: AgentSpec, config: ChildConfig, entries: Sequence[str | ChildEvent]
+    ) -> Conversation:
+        role = apply_child_config(find_role(spec.role, cwd=self.cwd), config.overrides())
+        model = self.models(pick_model(config.model, role.model, self.parent_model))
+        messages = rebuild_transcript(role.prompt, entries, shared_context=config.shared_context)
+        return role_conversation(
+            role, model, self.workspace, extra_tools=self.extra_tools, messages=messages
+        )
+
+    async def open(self, spec: AgentSpec, config: ChildConfig, *, child_id: str) -> LocalRun:
+        return LocalRun(self._conversation(spec, config, ()))
+
+    async def reopen(
+        self,
+        spec: AgentSpec,
+        config: ChildConfig,
+        *,
+        child_id: str,
+        entries: Sequence[str | ChildEvent],
+        task_id: str = "",
+        context_id: str = "",
+    ) -> LocalRun:
+        """A child resumed from its stored transcript (crash recovery)."""
+        return LocalRun(self._conversation(spec, config, entries))
