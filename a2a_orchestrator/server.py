@@ -10,11 +10,15 @@ request-body limit.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+from a2a.auth.user import User
+from a2a.helpers import new_text_part
+from a2a.server.context import ServerCallContext
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import (
@@ -24,18 +28,26 @@ from a2a.types import (
     AgentInterface,
     AgentSkill,
     HTTPAuthSecurityScheme,
+    Message,
     SecurityRequirement,
     SecurityScheme,
     StringList,
+    TaskState,
+    TaskStatus,
+)
+from a2a.types import (
+    Role as A2ARole,
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
-from anyio.abc import TaskStatus
+from anyio.abc import TaskStatus as StartedStatus
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 
 from ._version import __version__ as VERSION
+from .events import new_uuid
 from .executor import RoleExecutor
 from .handler import RoleRequestHandler
 from .middleware import DEFAULT_MAX_BODY, BearerTokenBackend, BodyLimitMiddleware, auth_error
@@ -43,7 +55,7 @@ from .models.base import Model
 from .roles import Role
 from .serving import bind_socket, serve
 from .tools import Workspace
-from .wire import CONTROL_EXTENSION, CONTROL_KEY
+from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY
 
 __all__ = [
     "REST_PREFIX",
@@ -51,9 +63,12 @@ __all__ = [
     "build_app",
     "build_card",
     "database_url",
+    "fail_orphaned_tasks",
     "open_task_store",
     "run_role_server",
 ]
+
+logger = logging.getLogger(__name__)
 
 REST_PREFIX = "/rest"
 BEARER_SCHEME = "bearer"
@@ -128,6 +143,60 @@ def open_task_store(db: str) -> DatabaseTaskStore:
     return DatabaseTaskStore(create_async_engine(database_url(db)), create_table=True)
 
 
+class _Owner(User):
+    """The owner a stored task is scoped to, to read and write it as them."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return bool(self._name)
+
+    @property
+    def user_name(self) -> str:
+        return self._name
+
+
+async def fail_orphaned_tasks(task_store: DatabaseTaskStore) -> int:
+    """Mark tasks a dead server left working as failed (reason `lost`).
+
+    Nothing runs them any more: a client re-attaching would otherwise wait on
+    them forever. Only for a server's own SQLite file; replicas sharing one
+    database (PostgreSQL) may be running each other's tasks.
+    """
+    if task_store.engine.dialect.name != "sqlite":
+        return 0
+    model = task_store.task_model
+    async with task_store.async_session_maker() as session:
+        rows = (await session.execute(select(model.id, model.owner))).all()
+    failed = 0
+    for task_id, owner in rows:
+        context = ServerCallContext(user=_Owner(owner or ""))
+        task = await task_store.get(task_id, context)
+        if task is None or task.status.state not in _ORPHANED:
+            continue
+        message = Message(
+            role=A2ARole.ROLE_AGENT,
+            message_id=new_uuid(),
+            task_id=task.id,
+            context_id=task.context_id,
+            parts=[new_text_part("the role server stopped while this task ran")],
+        )
+        message.metadata.update({EVENT_KEY: "failed", "reason": "lost"})
+        if task.status.HasField("message"):
+            task.history.append(task.status.message)
+        status = TaskStatus(state=TaskState.TASK_STATE_FAILED, message=message)
+        status.timestamp.GetCurrentTime()
+        task.status.CopyFrom(status)
+        await task_store.save(task, context)
+        failed += 1
+    return failed
+
+
+_ORPHANED = (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+
+
 def build_app(
     executor: RoleExecutor,
     card: AgentCard,
@@ -142,6 +211,9 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await task_store.initialize()
+        orphans = await fail_orphaned_tasks(task_store)
+        if orphans:
+            logger.warning("marked %d task(s) left running by a stopped server as failed", orphans)
         try:
             yield
         finally:
@@ -215,7 +287,7 @@ async def run_role_server(
     )
     stopped = anyio.Event()
 
-    async def run(*, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(*, task_status: StartedStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
             await serve(
                 app,
