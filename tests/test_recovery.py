@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -35,7 +36,7 @@ REMOTE_SCRIPT = [
 ]
 
 
-async def wait_for(predicate, timeout: float = 15) -> None:  # type: ignore[no-untyped-def]
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 15) -> None:
     with anyio.fail_after(timeout):
         while not await predicate():
             await anyio.sleep(0.05)
