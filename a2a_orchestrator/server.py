@@ -20,7 +20,7 @@ from a2a.auth.user import User
 from a2a.helpers import new_text_part
 from a2a.server.context import ServerCallContext
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
-from a2a.server.tasks import DatabaseTaskStore
+from a2a.server.tasks import DatabaseTaskStore, TaskStore
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -40,7 +40,6 @@ from a2a.types import (
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from anyio.abc import TaskStatus as StartedStatus
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -54,6 +53,7 @@ from .middleware import DEFAULT_MAX_BODY, BearerTokenBackend, BodyLimitMiddlewar
 from .models.base import Model
 from .roles import Role
 from .serving import bind_socket, serve
+from .taskstore import SQLiteTaskStore
 from .tools import Workspace
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY
 
@@ -62,7 +62,6 @@ __all__ = [
     "RunningServer",
     "build_app",
     "build_card",
-    "database_url",
     "fail_orphaned_tasks",
     "open_task_store",
     "run_role_server",
@@ -129,22 +128,17 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
     return card
 
 
-def database_url(db: str) -> str:
-    """An SQLAlchemy async URL; a bare path means an SQLite file."""
+def open_task_store(db: str) -> TaskStore:
+    """The task store for `db`: a file path gives an `SQLiteTaskStore`, an
+    SQLAlchemy async URL (PostgreSQL for replicas, or any other) gives
+    a2a-sdk's `DatabaseTaskStore`."""
     if "://" in db:
-        return db
-    path = Path(db).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite+aiosqlite:///{path}"
-
-
-def open_task_store(db: str) -> DatabaseTaskStore:
-    """a2a-sdk's SQL task store on `db` (a path or any SQLAlchemy async URL)."""
-    return DatabaseTaskStore(create_async_engine(database_url(db)), create_table=True)
+        return DatabaseTaskStore(create_async_engine(db), create_table=True)
+    return SQLiteTaskStore(Path(db).expanduser())
 
 
 class _Owner(User):
-    """The owner a stored task is scoped to, to read and write it as them."""
+    """The owner a stored task is scoped to, to write it as them."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -158,24 +152,17 @@ class _Owner(User):
         return self._name
 
 
-async def fail_orphaned_tasks(task_store: DatabaseTaskStore) -> int:
+async def fail_orphaned_tasks(task_store: TaskStore) -> int:
     """Mark tasks a dead server left working as failed (reason `lost`).
 
     Nothing runs them any more: a client re-attaching would otherwise wait on
     them forever. Only for a server's own SQLite file; replicas sharing one
     database (PostgreSQL) may be running each other's tasks.
     """
-    if task_store.engine.dialect.name != "sqlite":
+    if not isinstance(task_store, SQLiteTaskStore):
         return 0
-    model = task_store.task_model
-    async with task_store.async_session_maker() as session:
-        rows = (await session.execute(select(model.id, model.owner))).all()
     failed = 0
-    for task_id, owner in rows:
-        context = ServerCallContext(user=_Owner(owner or ""))
-        task = await task_store.get(task_id, context)
-        if task is None or task.status.state not in _ORPHANED:
-            continue
+    for task, owner in await task_store.unfinished():
         message = Message(
             role=A2ARole.ROLE_AGENT,
             message_id=new_uuid(),
@@ -189,18 +176,15 @@ async def fail_orphaned_tasks(task_store: DatabaseTaskStore) -> int:
         status = TaskStatus(state=TaskState.TASK_STATE_FAILED, message=message)
         status.timestamp.GetCurrentTime()
         task.status.CopyFrom(status)
-        await task_store.save(task, context)
+        await task_store.save(task, ServerCallContext(user=_Owner(owner)))
         failed += 1
     return failed
-
-
-_ORPHANED = (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
 
 
 def build_app(
     executor: RoleExecutor,
     card: AgentCard,
-    task_store: DatabaseTaskStore,
+    task_store: TaskStore,
     *,
     token: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
@@ -210,7 +194,8 @@ def build_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await task_store.initialize()
+        if isinstance(task_store, DatabaseTaskStore):
+            await task_store.initialize()
         orphans = await fail_orphaned_tasks(task_store)
         if orphans:
             logger.warning("marked %d task(s) left running by a stopped server as failed", orphans)
@@ -219,7 +204,10 @@ def build_app(
         finally:
             await executor.shutdown()
             await handler.aclose()
-            await task_store.engine.dispose()
+            if isinstance(task_store, DatabaseTaskStore):
+                await task_store.engine.dispose()
+            elif isinstance(task_store, SQLiteTaskStore):
+                task_store.close()
 
     routes = [
         *create_agent_card_routes(card, cache_control="public, max-age=60"),

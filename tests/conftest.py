@@ -28,7 +28,7 @@ async def role_server(
     script: Any,
     *,
     role: str = "coder",
-    db: Path | None = None,
+    db: Path | str | None = None,
     token: str | None = None,
     **overrides: Any,
 ) -> AsyncIterator[RunningServer]:
