@@ -16,6 +16,8 @@ from .errors import ProtocolError as ProtocolError
 from .errors import RoleFileError as RoleFileError
 from .errors import RoleNotFoundError as RoleNotFoundError
 from .errors import ToolError as ToolError
+from .delegation import ChildConfig as ChildConfig
+from .delegation import ChildHandle as ChildHandle
 from .events import AssistantMessage as AssistantMessage
 from .events import ChildEvent as ChildEvent
 from .events import Done as Done
@@ -31,6 +33,8 @@ from .models import ModelSettings as ModelSettings
 from .models import OpenAIModel as OpenAIModel
 from .models import ScriptedModel as ScriptedModel
 from .models import resolve_model as resolve_model
+from .network import AgentSpec as AgentSpec
+from .network import Network as Network
 from .roles import Role as Role
 from .roles import find_role as find_role
 from .roles import list_roles as list_roles
@@ -38,14 +42,19 @@ from .runtime import Conversation as Conversation
 from .server import build_app as build_app
 from .server import build_card as build_card
 from .server import run_role_server as run_role_server
+from .session import Session as Session
+from .store import Store as Store
 from .tools import Tool as Tool
 from .tools import Workspace as Workspace
 from .tools import build_tools as build_tools
 
 __all__ = [
+    "AgentSpec",
     "AgentUnavailableError",
     "AssistantMessage",
+    "ChildConfig",
     "ChildEvent",
+    "ChildHandle",
     "ConfigError",
     "Conversation",
     "DelegationError",
@@ -57,6 +66,7 @@ __all__ = [
     "Model",
     "ModelError",
     "ModelSettings",
+    "Network",
     "OpenAIModel",
     "OrchestratorError",
     "PathOutsideWorkdirError",
@@ -66,7 +76,9 @@ __all__ = [
     "RoleFileError",
     "RoleNotFoundError",
     "ScriptedModel",
+    "Session",
     "Started",
+    "Store",
     "Tool",
     "ToolCalled",
     "ToolError",
