@@ -18,6 +18,7 @@ from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import (
     AgentUnavailableError,
     ConfigError,
+    DelegationError,
     DelegationTimeoutError,
     ProtocolError,
 )
@@ -97,6 +98,7 @@ async def test_a_peer_on_a2a_v0_3_is_reached_through_the_compat_transport(tmp_pa
     card.supported_interfaces.append(
         AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3")
     )
+    del card.capabilities.extensions[:]  # a foreign peer: no control extension
     store = open_task_store(str(tmp_path / "role.db"))
     app = build_app(RoleExecutor(role, model, Workspace(tmp_path), task_store=store), card, store)
     network = Network.of(AgentSpec(name="legacy", role="coder", url=url))
@@ -107,6 +109,8 @@ async def test_a_peer_on_a2a_v0_3_is_reached_through_the_compat_transport(tmp_pa
                 Store(tmp_path / "o.db"), workdir=tmp_path, network=network
             ) as session:
                 handle = await session.spawn(ChildConfig(role="legacy", prompt="write it"))
+                with pytest.raises(DelegationError, match="does not support pause"):
+                    await handle.pause()
                 events = [e async for e in handle.events()]
             tg.cancel_scope.cancel()
     kinds = [e.kind for e in events if e.kind != "message_delta"]
