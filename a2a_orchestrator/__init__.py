@@ -5,6 +5,8 @@ over A2A JSON-RPC with SSE streaming, each child in an isolated context.
 """
 
 from ._version import __version__ as __version__
+from .delegation import ChildConfig as ChildConfig
+from .delegation import ChildHandle as ChildHandle
 from .errors import AgentUnavailableError as AgentUnavailableError
 from .errors import ConfigError as ConfigError
 from .errors import DelegationError as DelegationError
@@ -16,8 +18,6 @@ from .errors import ProtocolError as ProtocolError
 from .errors import RoleFileError as RoleFileError
 from .errors import RoleNotFoundError as RoleNotFoundError
 from .errors import ToolError as ToolError
-from .delegation import ChildConfig as ChildConfig
-from .delegation import ChildHandle as ChildHandle
 from .events import AssistantMessage as AssistantMessage
 from .events import ChildEvent as ChildEvent
 from .events import Done as Done

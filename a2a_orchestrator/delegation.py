@@ -35,6 +35,7 @@ from anyio.abc import TaskGroup
 
 from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from .models.base import ChatMessage
+from .render import NO_TERMINAL_TEXT
 
 __all__ = [
     "CANCELED_TEXT",
@@ -307,7 +308,7 @@ class ChildHandle:
                         await self._emit(
                             Failed(
                                 reason="error",
-                                message="subagent stream ended without a terminal frame",
+                                message=NO_TERMINAL_TEXT,
                             )
                         )
                 except Exception as exc:  # contained: one child's failure is its own
