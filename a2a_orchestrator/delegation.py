@@ -46,12 +46,15 @@ __all__ = [
     "Delegate",
     "Emit",
     "EventSink",
+    "Listener",
 ]
 
 logger = logging.getLogger(__name__)
 
 ChildStatus: TypeAlias = Literal["running", "input_required", "completed", "failed"]
 Emit = Callable[[ChildEvent], Awaitable[None]]
+Listener = Callable[["ChildHandle", ChildEvent], Awaitable[None]]
+"""Called with each new event once it is stored (relay, delivery to the parent)."""
 EventSink = Callable[["ChildHandle", "ChildEvent | str"], Awaitable[bool]]
 """Called with each event (or, as a plain string, each input given to the
 child) before the handle publishes it; the session stores it there. False
@@ -153,6 +156,10 @@ class ChildRun(Protocol):
 
     async def resume(self) -> None: ...
 
+    async def steer(self, text: str) -> None:
+        """Offer input to the running turn, absorbed at its next step boundary."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the run holds (connections); the child itself lives on."""
         ...
@@ -179,12 +186,18 @@ class ChildHandle:
         sink: EventSink | None = None,
         history: Sequence[ChildEvent] = (),
         status: ChildStatus = "running",
+        parent_id: str = "",
+        depth: int = 1,
+        on_event: Listener | None = None,
     ) -> None:
         self.child_id = child_id
         self.agent = agent
         self.role = role
         self.run = run
+        self.parent_id = parent_id
+        self.depth = depth
         self._sink = sink
+        self._on_event = on_event
         self._log: list[ChildEvent] = list(history)
         self._uuids = {event.uuid for event in history}
         self._changed = anyio.Event()
@@ -286,6 +299,18 @@ class ChildHandle:
     async def resume(self) -> None:
         await self.run.resume()
 
+    @property
+    def running(self) -> bool:
+        """A turn is in progress or queued."""
+        return self._active or bool(self._pending)
+
+    async def steer(self, text: str) -> None:
+        """Input for the running turn (its next step boundary); else a new turn."""
+        if self._active:
+            await self.run.steer(text)
+        else:
+            await self.send(text)
+
     # -- the pump -----------------------------------------------------------------
 
     def start(self, task_group: TaskGroup) -> None:
@@ -338,6 +363,8 @@ class ChildHandle:
             self._set_status("failed")
         elif isinstance(event, InputRequired):
             self._set_status("input_required")
+        if self._on_event is not None:
+            await self._on_event(self, event)
         self._notify()
 
     def _set_status(self, status: ChildStatus) -> None:

@@ -7,6 +7,9 @@
     ├── ToolError                    a tool refused or failed (reported to the model)
     │   └── PathOutsideWorkdirError  a path that leads outside the work directory
     ├── ModelError                   the model could not be reached or answered badly
+    ├── ControlError                 a control-plane request that cannot be honoured
+    │   ├── SpawnRefusedError        the concurrency gate or a spawn.before hook said no
+    │   └── UnknownChildError        no such child of this parent
     └── DelegationError              talking to a child failed at run time
         ├── AgentUnavailableError    the agent cannot be reached
         ├── DelegationTimeoutError   the agent did not answer in time
@@ -21,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "AgentUnavailableError",
     "ConfigError",
+    "ControlError",
     "DelegationError",
     "DelegationTimeoutError",
     "ModelError",
@@ -29,7 +33,9 @@ __all__ = [
     "ProtocolError",
     "RoleFileError",
     "RoleNotFoundError",
+    "SpawnRefusedError",
     "ToolError",
+    "UnknownChildError",
 ]
 
 
@@ -71,6 +77,22 @@ class PathOutsideWorkdirError(ToolError):
 
 class ModelError(OrchestratorError):
     """The model endpoint failed, was unreachable, or is misconfigured."""
+
+
+class ControlError(OrchestratorError):
+    """A control-plane request that cannot be honoured; the message says why."""
+
+
+class SpawnRefusedError(ControlError):
+    """The concurrency gate is full, or a `spawn.before` hook denied the spawn."""
+
+
+class UnknownChildError(ControlError):
+    """The id (or role) names no child of this parent."""
+
+    def __init__(self, child_id: str) -> None:
+        self.child_id = child_id
+        super().__init__(f"Unknown subagent: {child_id}")
 
 
 class DelegationError(OrchestratorError):

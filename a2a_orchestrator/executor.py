@@ -247,8 +247,8 @@ class RoleExecutor(AgentExecutor):
         with anyio.move_on_after(_STOP_GRACE):
             await ended.wait()
 
-    def control(self, task_id: str, action: str) -> bool:
-        """Pause, resume or interrupt a task's conversation; False if not held here."""
+    def control(self, task_id: str, action: str, text: str = "") -> bool:
+        """Pause, resume, interrupt or steer a task's conversation; False if not held here."""
         conversation = self.conversation(task_id)
         if conversation is None:
             return False
@@ -259,6 +259,8 @@ class RoleExecutor(AgentExecutor):
         elif action == "interrupt":
             conversation.resume()
             conversation.abort("aborted", "interrupted by the parent")
+        elif action == "steer":
+            conversation.steer(text)
         else:
             raise ValueError(f"unknown control action {action!r}")
         return True

@@ -2,9 +2,10 @@
 and one repair.
 
 Control extension (`wire.CONTROL_EXTENSION`, declared in the card): a
-message whose metadata holds `CONTROL_KEY` = pause, resume or interrupt and
-names a task is applied to that task's running conversation at once and
-answered with the task. It must not queue behind the running turn the way an
+message whose metadata holds `CONTROL_KEY` = pause, resume, interrupt or
+steer and names a task is applied to that task's running conversation at
+once (steer: the message's text joins its inbox, absorbed at the next step
+boundary) and answered with the task. It must not queue behind the running turn the way an
 ordinary follow-up does, or a pause would arrive after the work it meant to
 hold.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from a2a.helpers import get_message_text
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.types import InvalidParamsError, SendMessageRequest, Task, TaskNotFoundError
@@ -33,7 +35,7 @@ from .wire import CONTROL_KEY
 
 __all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
 
-CONTROL_ACTIONS = ("pause", "resume", "interrupt")
+CONTROL_ACTIONS = ("pause", "resume", "interrupt", "steer")
 
 
 class RoleRequestHandler(DefaultRequestHandler):
@@ -69,7 +71,10 @@ class RoleRequestHandler(DefaultRequestHandler):
         if task is None:
             raise TaskNotFoundError(message=f"task {message.task_id} not found")
         executor = self.agent_executor
-        if not isinstance(executor, RoleExecutor) or not executor.control(message.task_id, action):
+        text = get_message_text(message)
+        if not isinstance(executor, RoleExecutor) or not executor.control(
+            message.task_id, action, text
+        ):
             raise InvalidParamsError(
                 message=f"task {message.task_id} is not running on this server; nothing to {action}"
             )

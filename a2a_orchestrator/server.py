@@ -103,9 +103,10 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
             extensions=[
                 AgentExtension(
                     uri=CONTROL_EXTENSION,
-                    description="Pause, resume or interrupt a running task: send a message "
-                    f"naming the task with metadata {{{CONTROL_KEY!r}: 'pause' | 'resume' | "
-                    "'interrupt'}.",
+                    description="Pause, resume, interrupt or steer a running task: send a "
+                    f"message naming the task with metadata {{{CONTROL_KEY!r}: 'pause' | "
+                    "'resume' | 'interrupt' | 'steer'} (steer: the message text is absorbed "
+                    "at the task's next step).",
                     required=False,
                 )
             ],

@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
 
-from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus
+from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus, Listener
 from .errors import ConfigError
 from .events import (
     ChildEvent,
@@ -44,10 +47,10 @@ from .models.base import Model
 from .models.config import ModelSettings, resolve_model
 from .network import AgentSpec, Network
 from .store import ChildRecord, Store
-from .tools import Workspace
+from .tools import Tool, Workspace
 from .transports import LocalDelegate, RemoteDelegate
 
-__all__ = ["Session"]
+__all__ = ["RelayedEvent", "Session"]
 
 
 class _State(enum.Enum):
@@ -84,6 +87,10 @@ class Session:
         self._remote = remote
         self._lost_after = lost_after
         self._children: dict[str, ChildHandle] = {}
+        self._listeners: list[Listener] = []
+        self.child_tools: ChildTools | None = None
+        """Tools a local child gets besides its role's (its control plane's,
+        when the nesting depth allows); set by the control plane."""
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
         self._tg: TaskGroup | None = None
@@ -170,10 +177,18 @@ class Session:
                 spec, config, child_id=child_id, on_attached=self._attached(child_id)
             )
         else:
-            run = await self.local.open(spec, config, child_id=child_id)
+            extra = self.child_tools(child_id, depth) if self.child_tools else None
+            run = await self.local.open(spec, config, child_id=child_id, extra_tools=extra)
         await self.store.add_child(record)
         handle = ChildHandle(
-            child_id=child_id, agent=spec.name, role=spec.role, run=run, sink=self._sink
+            child_id=child_id,
+            agent=spec.name,
+            role=spec.role,
+            run=run,
+            sink=self._sink,
+            parent_id=parent_id,
+            depth=depth,
+            on_event=self._relay,
         )
         self._children[child_id] = handle
         await handle.send(config.prompt)
@@ -196,14 +211,44 @@ class Session:
             raise KeyError(child_id)
         return await self._reopen(record, resume=False)
 
-    async def recover(self) -> list[ChildHandle]:
-        """Resume or re-attach every child the store says is still running."""
+    async def recover(self, *, parent_id: str | None = None) -> list[ChildHandle]:
+        """Resume or re-attach every child the store says is still running
+        (only `parent_id`'s children, when given)."""
         self._opened()
         handles = []
-        for record in await self.store.list_children(session_id=self.id, statuses=["running"]):
+        records = await self.store.list_children(
+            session_id=self.id, parent_id=parent_id, statuses=["running"]
+        )
+        for record in records:
             if record.child_id not in self._children:
                 handles.append(await self._reopen(record, resume=True))
         return handles
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` with every child's every event, once stored; returns
+        a function that removes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    @contextlib.asynccontextmanager
+    async def relay(self) -> AsyncIterator[MemoryObjectReceiveStream[RelayedEvent]]:
+        """Every child event, tagged with its child, as a stream (what a UI shows)."""
+        send, receive = anyio.create_memory_object_stream[RelayedEvent](math.inf)
+
+        async def forward(handle: ChildHandle, event: ChildEvent) -> None:
+            send.send_nowait(RelayedEvent.of(handle, event))
+
+        remove = self.add_listener(forward)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            remove()
+            send.close()
+
+    async def _relay(self, handle: ChildHandle, event: ChildEvent) -> None:
+        for listener in list(self._listeners):
+            await listener(handle, event)
 
     async def wait_all(self) -> dict[str, ChildEvent]:
         """Wait until every child is settled; their last turn's outcomes."""
@@ -229,7 +274,7 @@ class Session:
         entries: list[str | ChildEvent] = []
         history: list[ChildEvent] = []
         for item in stored:
-            if item.kind == "input":
+            if item.kind in _INPUT_KINDS:
                 entries.append(str(item.payload.get("text", "")))
             else:
                 event = event_from_dict(item.payload)
@@ -248,7 +293,10 @@ class Session:
                 on_attached=self._attached(record.child_id),
             )
         else:
-            run = await self.local.reopen(spec, config, child_id=record.child_id, entries=entries)
+            extra = self.child_tools(record.child_id, record.depth) if self.child_tools else None
+            run = await self.local.reopen(
+                spec, config, child_id=record.child_id, entries=entries, extra_tools=extra
+            )
         status: ChildStatus = record.status if record.status in _STATUSES else "running"  # type: ignore[assignment]
         handle = ChildHandle(
             child_id=record.child_id,
@@ -258,6 +306,9 @@ class Session:
             sink=self._sink,
             history=history,
             status=status,
+            parent_id=record.parent_id,
+            depth=record.depth,
+            on_event=self._relay,
         )
         self._children[record.child_id] = handle
         if resume and not handle.settled:
@@ -299,6 +350,35 @@ class Session:
 
 
 _STATUSES = ("running", "input_required", "completed", "failed")
+# Stored entries that were input to a child's conversation: its prompt and
+# follow-ups, steering messages, and (for a child that is itself a parent)
+# the results of its own children.
+_INPUT_KINDS = ("input", "steer", "subagent_result")
+
+ChildTools = Callable[[str, int], Mapping[str, Tool]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayedEvent:
+    """A child event as the parent's stream carries it."""
+
+    child_id: str
+    parent_id: str
+    agent: str
+    role: str
+    transport: str
+    event: ChildEvent
+
+    @classmethod
+    def of(cls, handle: ChildHandle, event: ChildEvent) -> RelayedEvent:
+        return cls(
+            child_id=handle.child_id,
+            parent_id=handle.parent_id,
+            agent=handle.agent,
+            role=handle.role,
+            transport=handle.transport,
+            event=event,
+        )
 
 
 def _changes(event: ChildEvent) -> dict[str, Any]:

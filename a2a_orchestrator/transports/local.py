@@ -58,6 +58,9 @@ class LocalRun:
     async def resume(self) -> None:
         self.conversation.resume()
 
+    async def steer(self, text: str) -> None:
+        self.conversation.steer(text)
+
     async def aclose(self) -> None:
         self.conversation.abort("lost", "the orchestrator stopped while this child ran")
 
@@ -81,17 +84,29 @@ class LocalDelegate:
         self.cwd = cwd
 
     def _conversation(
-        self, spec: AgentSpec, config: ChildConfig, entries: Sequence[str | ChildEvent]
+        self,
+        spec: AgentSpec,
+        config: ChildConfig,
+        entries: Sequence[str | ChildEvent],
+        extra_tools: Mapping[str, Tool] | None,
     ) -> Conversation:
         role = apply_child_config(find_role(spec.role, cwd=self.cwd), config.overrides())
         model = self.models(pick_model(config.model, role.model, self.parent_model))
         messages = rebuild_transcript(role.prompt, entries, shared_context=config.shared_context)
-        return role_conversation(
-            role, model, self.workspace, extra_tools=self.extra_tools, messages=messages
-        )
+        tools = {**self.extra_tools, **(extra_tools or {})}
+        return role_conversation(role, model, self.workspace, extra_tools=tools, messages=messages)
 
-    async def open(self, spec: AgentSpec, config: ChildConfig, *, child_id: str) -> LocalRun:
-        return LocalRun(self._conversation(spec, config, ()))
+    async def open(
+        self,
+        spec: AgentSpec,
+        config: ChildConfig,
+        *,
+        child_id: str,
+        extra_tools: Mapping[str, Tool] | None = None,
+    ) -> LocalRun:
+        """`extra_tools`: tools for this child only (its control tools, when
+        the nesting depth allows it a control plane of its own)."""
+        return LocalRun(self._conversation(spec, config, (), extra_tools))
 
     async def reopen(
         self,
@@ -102,6 +117,7 @@ class LocalDelegate:
         entries: Sequence[str | ChildEvent],
         task_id: str = "",
         context_id: str = "",
+        extra_tools: Mapping[str, Tool] | None = None,
     ) -> LocalRun:
         """A child resumed from its stored transcript (crash recovery)."""
-        return LocalRun(self._conversation(spec, config, entries))
+        return LocalRun(self._conversation(spec, config, entries, extra_tools))

@@ -236,7 +236,7 @@ class RemoteRun:
                 # Already terminal (TaskNotCancelable): the stream tells the rest.
                 logger.info("cancel of %s on %s: %s", self.task_id, self.url, exc)
 
-    async def _control(self, action: str) -> None:
+    async def _control(self, action: str, text: str = "") -> None:
         extensions = [e.uri for e in self.card.capabilities.extensions]
         if CONTROL_EXTENSION not in extensions:
             raise DelegationError(
@@ -245,7 +245,7 @@ class RemoteRun:
             )
         if not self.task_id:
             raise DelegationError(f"cannot {action} a child before its task exists")
-        message = new_text_message(action, role=Role.ROLE_USER)
+        message = new_text_message(text or action, role=Role.ROLE_USER)
         message.task_id = self.task_id
         message.context_id = self.context_id
         message.metadata.update({CONTROL_KEY: action})
@@ -264,6 +264,9 @@ class RemoteRun:
 
     async def interrupt(self) -> None:
         await self._control("interrupt")
+
+    async def steer(self, text: str) -> None:
+        await self._control("steer", text)
 
     async def aclose(self) -> None:
         await self.client.close()

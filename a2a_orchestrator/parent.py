@@ -1,0 +1,203 @@
+"""A parent agent: the agent runtime with the control-plane tools.
+
+An LLM (or a scripted model) orchestrates by calling `agent`, `agent_manage`,
+`wait_agent`, `send_message` and `agent_abort` (and `spawn_agent`, the
+one-child form); its inbox receives each child's rendered FINAL_ANSWER,
+absorbed at its step boundaries. A role gets only the control tools it lists,
+and children get none unless the nesting depth allows (`max_depth`, default 1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from .control import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_DEPTH, WAIT_BOUNDS_MS, ControlPlane
+from .errors import ControlError, ToolError
+from .events import ChildEvent, MessageDelta, event_to_dict
+from .executor import role_conversation
+from .hooks import Hooks
+from .models.base import Model
+from .roles import Role, find_role
+from .runtime import Conversation, Emit
+from .session import Session
+from .tools import Tool
+
+__all__ = ["CONTROL_TOOLS", "ParentAgent", "control_tools"]
+
+CONTROL_TOOLS = (
+    "agent",
+    "agent_manage",
+    "wait_agent",
+    "send_message",
+    "agent_abort",
+    "spawn_agent",
+)
+
+_AGENT_ITEM = {
+    "type": "object",
+    "properties": {
+        "role": {"type": "string", "description": "Agent name or role, e.g. coder."},
+        "prompt": {"type": "string", "description": "The task for this child."},
+        "model": {"type": "string", "description": "Only if a specific model is required."},
+        "tools": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "A subset of the role's tools.",
+        },
+        "system_prompt": {"type": "string", "description": "Replaces the role's prompt."},
+    },
+    "required": ["role", "prompt"],
+}
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1)
+
+
+def _tool(
+    name: str,
+    description: str,
+    properties: dict[str, Any],
+    required: list[str],
+    call: Callable[[dict[str, Any]], Awaitable[Any]],
+) -> Tool:
+    async def run(arguments: dict[str, Any]) -> str:
+        try:
+            return _dump(await call(arguments))
+        except ControlError as exc:
+            raise ToolError(str(exc)) from exc
+
+    return Tool(
+        name=name,
+        description=description,
+        parameters={"type": "object", "properties": properties, "required": required},
+        run=run,
+    )
+
+
+def control_tools(plane: ControlPlane) -> dict[str, Tool]:
+    """The control-plane operations as tools for a parent's model."""
+
+    async def spawn_agent(args: dict[str, Any]) -> Any:
+        handle = await plane.spawn_agent(
+            str(args["name"]),
+            str(args["prompt"]),
+            model=args.get("model"),
+            system_prompt=args.get("system_prompt"),
+        )
+        return {"child_id": handle.child_id, "role": handle.role}
+
+    tools = [
+        _tool(
+            "agent",
+            "Start one or more sub-agents at once. Returns immediately with their "
+            "child ids; their results arrive in your context when they finish.",
+            {"agents": {"type": "array", "items": _AGENT_ITEM}},
+            ["agents"],
+            lambda a: plane.agent(a["agents"]),
+        ),
+        _tool(
+            "agent_manage",
+            "Optionally send messages to children ({role or child_id: text}), then "
+            "wait until a child finishes a turn; returns every child's status, with "
+            "the message of those that are idle (a result or a question).",
+            {"messages": {"type": "object", "additionalProperties": {"type": "string"}}},
+            [],
+            lambda a: plane.agent_manage(a.get("messages")),
+        ),
+        _tool(
+            "wait_agent",
+            "Wait for one child to finish, only when its result blocks your next step. "
+            "timeout_ms is clamped to [10000, 3600000] (default 30000). Returns "
+            "completed, failed or timeout; a timeout does not stop the child.",
+            {"child_id": {"type": "string"}, "timeout_ms": {"type": "integer"}},
+            ["child_id"],
+            lambda a: plane.wait_agent(str(a["child_id"]), a.get("timeout_ms")),
+        ),
+        _tool(
+            "send_message",
+            "Send a message to a child: a running child reads it at its next step, "
+            "an idle one starts a new turn with it.",
+            {"child_id": {"type": "string"}, "text": {"type": "string"}},
+            ["child_id", "text"],
+            lambda a: plane.send_message(str(a["child_id"]), str(a["text"])),
+        ),
+        _tool(
+            "agent_abort",
+            "Abort children, named by child id or role.",
+            {"abort": {"type": "array", "items": {"type": "string"}}},
+            ["abort"],
+            lambda a: plane.agent_abort([str(t) for t in a["abort"]]),
+        ),
+        _tool(
+            "spawn_agent",
+            "Start one sub-agent (name = agent or role). Returns its child id at once.",
+            {
+                "name": {"type": "string"},
+                "prompt": {"type": "string"},
+                "model": {"type": "string"},
+                "system_prompt": {"type": "string"},
+            },
+            ["name", "prompt"],
+            spawn_agent,
+        ),
+    ]
+    return {tool.name: tool for tool in tools}
+
+
+class ParentAgent:
+    """A conversation that orchestrates children through its control plane."""
+
+    def __init__(
+        self,
+        session: Session,
+        model: Model,
+        *,
+        role: Role | str = "orchestrator",
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        hooks: Hooks | None = None,
+        wait_bounds_ms: tuple[int, int] = WAIT_BOUNDS_MS,
+    ) -> None:
+        self.session = session
+        self.role = find_role(role) if isinstance(role, str) else role
+        self.plane = ControlPlane(
+            session,
+            max_concurrent=max_concurrent,
+            max_depth=max_depth,
+            hooks=hooks,
+            wait_bounds_ms=wait_bounds_ms,
+        )
+        agents = ", ".join(
+            f"{spec.name} ({spec.role}{', remote' if spec.remote else ''})"
+            for spec in session.network.agents.values()
+        )
+        prompt = self.role.prompt + (f"\n\nAgents you can delegate to: {agents}." if agents else "")
+        self.conversation: Conversation = role_conversation(
+            self.role.with_overrides(prompt=prompt),
+            model,
+            session.workspace,
+            extra_tools=control_tools(self.plane),
+        )
+        self.plane.inbox = self.conversation
+
+    async def run(self, text: str | None, emit: Emit | None = None) -> ChildEvent:
+        """One turn of the parent; its input and events go to the session's transcript."""
+        store = self.session.store
+        if text is not None:
+            await store.append_event(self.session.id, "input", {"text": text})
+
+        async def record(event: ChildEvent) -> None:
+            if not isinstance(event, MessageDelta):
+                await store.append_event(
+                    self.session.id, event.kind, event_to_dict(event), uuid=event.uuid
+                )
+            if emit is not None:
+                await emit(event)
+
+        return await self.conversation.run(text, record)
+
+    def tools(self) -> Mapping[str, Tool]:
+        return control_tools(self.plane)
