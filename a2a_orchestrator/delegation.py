@@ -61,6 +61,7 @@ child) before the handle publishes it; the session stores it there. False
 means the event's uuid was recorded already (a replay), and it is dropped."""
 
 CANCELED_TEXT = "canceled by request"
+_CANCEL_GRACE = 15.0  # how long cancel() waits for the turn to end
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,6 +207,7 @@ class ChildHandle:
         self._status: ChildStatus = status
         self._wake = anyio.Event()
         self._closed = False
+        self._cancelling = False
 
     # -- what the parent reads --------------------------------------------------
 
@@ -281,10 +283,20 @@ class ChildHandle:
         self._notify()
 
     async def cancel(self) -> bool:
-        """Cancel a running or waiting child; False when it had finished."""
+        """Cancel a running or waiting child and wait (bounded) until it has
+        ended; False when it had finished or is being cancelled already."""
+        if self._cancelling:
+            return False
         if self._active:
+            self._cancelling = True
             self._pending.clear()
-            await self.run.cancel()
+            try:
+                await self.run.cancel()
+                with anyio.move_on_after(_CANCEL_GRACE):
+                    while self._active:
+                        await self._changed.wait()
+            finally:
+                self._cancelling = False
             return True
         if self._pending or self._status == "input_required":
             self._pending.clear()
@@ -328,6 +340,11 @@ class ChildHandle:
                 try:
                     if text is not None and self._sink is not None:
                         await self._sink(self, text)
+                    if self._cancelling:
+                        # Cancelled between taking the input and starting the
+                        # turn, when the run had nothing yet to stop.
+                        await self._emit(Failed(reason="aborted", message=CANCELED_TEXT))
+                        continue
                     await self.run.turn(text, self._emit)
                     if not self._ends_turn():
                         await self._emit(

@@ -145,8 +145,11 @@ class Conversation:
 
     def abort(self, reason: FailReason = "aborted", message: str = "aborted") -> None:
         """End the running turn as `Failed(reason, message)`; no-op when idle."""
+        if not self._running:
+            return
+        self._aborted = (reason, message)
+        # Before the turn's cancel scope exists, `run` sees the flag on entry.
         if self._scope is not None:
-            self._aborted = (reason, message)
             self._scope.cancel()
 
     def pause(self) -> None:
@@ -184,6 +187,8 @@ class Conversation:
             terminal: ChildEvent | None = None
             with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as scope:
                 self._scope = scope
+                if self._aborted is not None:
+                    scope.cancel()
                 try:
                     terminal = await self._loop(emit)
                 except ModelError as exc:

@@ -314,7 +314,7 @@ def test_resolve_unknown_lists_agents_and_roles(tmp_path: Path) -> None:
             network.resolve(unknown)
         assert str(info.value) == (
             f"Unknown agent or role {unknown!r}. Agents: a-agent, b-agent. "
-            "Roles: architect, coder, observer, reviewer"
+            "Roles: architect, coder, observer, orchestrator, reviewer"
         )
 
 

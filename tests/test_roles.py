@@ -19,7 +19,7 @@ from a2a_orchestrator.roles import (
     shipped_roles_dir,
 )
 
-SHIPPED = ["architect", "coder", "observer", "reviewer"]
+SHIPPED = ["architect", "coder", "observer", "orchestrator", "reviewer"]
 SIGNALS = ["TASK_DONE", "TASK_FAILED", "TASK_SKIPPED"]
 
 
@@ -37,7 +37,7 @@ def md_role(description: str, prompt: str = "You help.") -> str:
 # --- the shipped roles --------------------------------------------------------
 
 
-def test_shipped_dir_holds_the_four_roles() -> None:
+def test_shipped_dir_holds_the_shipped_roles() -> None:
     names = sorted(p.stem for p in shipped_roles_dir().glob("*.md"))
     assert names == SHIPPED
 
