@@ -5,6 +5,7 @@ over A2A JSON-RPC with SSE streaming, each child in an isolated context.
 """
 
 from ._version import __version__ as __version__
+from .control import ControlPlane as ControlPlane
 from .delegation import ChildConfig as ChildConfig
 from .delegation import ChildHandle as ChildHandle
 from .errors import AgentUnavailableError as AgentUnavailableError
@@ -28,6 +29,8 @@ from .events import Started as Started
 from .events import ToolCalled as ToolCalled
 from .events import ToolResult as ToolResult
 from .executor import RoleExecutor as RoleExecutor
+from .hooks import Deny as Deny
+from .hooks import Hooks as Hooks
 from .models import Model as Model
 from .models import ModelSettings as ModelSettings
 from .models import OpenAIModel as OpenAIModel
@@ -35,6 +38,7 @@ from .models import ScriptedModel as ScriptedModel
 from .models import resolve_model as resolve_model
 from .network import AgentSpec as AgentSpec
 from .network import Network as Network
+from .parent import ParentAgent as ParentAgent
 from .roles import Role as Role
 from .roles import find_role as find_role
 from .roles import list_roles as list_roles
@@ -42,6 +46,7 @@ from .runtime import Conversation as Conversation
 from .server import build_app as build_app
 from .server import build_card as build_card
 from .server import run_role_server as run_role_server
+from .session import RelayedEvent as RelayedEvent
 from .session import Session as Session
 from .store import Store as Store
 from .tools import Tool as Tool
@@ -56,11 +61,14 @@ __all__ = [
     "ChildEvent",
     "ChildHandle",
     "ConfigError",
+    "ControlPlane",
     "Conversation",
     "DelegationError",
     "DelegationTimeoutError",
+    "Deny",
     "Done",
     "Failed",
+    "Hooks",
     "InputRequired",
     "MessageDelta",
     "Model",
@@ -69,8 +77,10 @@ __all__ = [
     "Network",
     "OpenAIModel",
     "OrchestratorError",
+    "ParentAgent",
     "PathOutsideWorkdirError",
     "ProtocolError",
+    "RelayedEvent",
     "Role",
     "RoleExecutor",
     "RoleFileError",
