@@ -1,0 +1,179 @@
+"""The live view of a network at work: one line per child, as a tree.
+
+    pipeline  session 3f2a…  (scripted model)
+    ├─ architect  c1a2b3  remote  completed  done "## Approach …"   412 tok
+    ├─ coder      d4e5f6  remote  running    tool_called run_command
+    └─ reviewer   ……      pending
+
+On a terminal the tree is redrawn in place as events arrive; elsewhere (a
+pipe, CI, a log file) each event is printed as one line instead, so nothing
+is lost and nothing is garbled.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TextIO, TypeVar
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from .events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    InputRequired,
+    MessageDelta,
+    Started,
+    ToolCalled,
+    ToolResult,
+)
+from .session import RelayedEvent
+
+__all__ = ["LiveTree", "describe_event"]
+
+T = TypeVar("T")
+
+
+def _short(text: str, width: int = 48) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def describe_event(event: ChildEvent) -> str:
+    """A few words about an event, for one line of a view."""
+    match event:
+        case Started(model=model):
+            return f"started{f' ({model})' if model else ''}"
+        case MessageDelta(text=text) | AssistantMessage(text=text):
+            return f'says "{_short(text)}"'
+        case ToolCalled(tool=tool, arguments=arguments):
+            detail = arguments.get("path") or arguments.get("command") or arguments.get("pattern")
+            return f"calls {tool}" + (f" {_short(str(detail), 40)}" if detail else "")
+        case ToolResult(tool=tool, success=success):
+            return f"{tool} {'ok' if success else 'FAILED'}"
+        case InputRequired(question=question):
+            return f'asks "{_short(question)}"'
+        case Done(text=text):
+            return f'done "{_short(text)}"'
+        case Failed(reason=reason, message=message):
+            return f"failed ({reason}) {_short(message)}"
+    return event.kind
+
+
+@dataclass
+class _Row:
+    label: str
+    child_id: str = ""
+    transport: str = ""
+    status: str = "pending"
+    last: str = ""
+    tokens: int = 0
+    children: list[str] = field(default_factory=list)
+
+
+class LiveTree:
+    """Renders relayed child events as a tree (see the module docstring)."""
+
+    def __init__(
+        self, title: str, *, out: TextIO | None = None, expected: list[str] | None = None
+    ) -> None:
+        self.title = title
+        self.out = out or sys.stdout
+        self.live = self.out.isatty()
+        self._rows: dict[str, _Row] = {}
+        self._order: list[str] = []
+        self._drawn = 0
+        for label in expected or []:
+            self._add(f"pending:{label}", _Row(label=label))
+
+    def _add(self, key: str, row: _Row) -> None:
+        self._rows[key] = row
+        self._order.append(key)
+
+    def update(self, relayed: RelayedEvent) -> None:
+        row = self._rows.get(relayed.child_id)
+        if row is None:
+            pending = f"pending:{relayed.role}"
+            if pending in self._rows:
+                row = self._rows.pop(pending)
+                index = self._order.index(pending)
+                self._order[index] = relayed.child_id
+                self._rows[relayed.child_id] = row
+            else:
+                row = _Row(label=relayed.agent)
+                self._add(relayed.child_id, row)
+            row.child_id = relayed.child_id
+            row.transport = relayed.transport
+        event = relayed.event
+        if isinstance(event, MessageDelta) and self.live is False:
+            return  # a log gets the whole message once, not every delta
+        if isinstance(event, Started | MessageDelta | AssistantMessage | ToolCalled | ToolResult):
+            row.status = "running"
+        elif isinstance(event, Done):
+            row.status = "completed"
+            row.tokens += event.usage.input_tokens + event.usage.output_tokens
+        elif isinstance(event, Failed):
+            row.status = f"failed:{event.reason}"
+            row.tokens += event.usage.input_tokens + event.usage.output_tokens
+        elif isinstance(event, InputRequired):
+            row.status = "waiting"
+        row.last = describe_event(event)
+        if self.live:
+            self.draw()
+        else:
+            self.out.write(f"[{row.label} {row.child_id[:6]} {row.transport}] {row.last}\n")
+            self.out.flush()
+
+    def lines(self) -> list[str]:
+        lines = [self.title]
+        width = max((len(self._rows[k].label) for k in self._order), default=0)
+        for position, key in enumerate(self._order):
+            row = self._rows[key]
+            branch = "└─" if position == len(self._order) - 1 else "├─"
+            tokens = f"  {row.tokens} tok" if row.tokens else ""
+            ident = row.child_id[:6] if row.child_id else "······"
+            lines.append(
+                f"{branch} {row.label:<{width}}  {ident}  {row.transport or '-':<6}  "
+                f"{row.status:<14} {row.last}{tokens}"
+            )
+        return lines
+
+    async def follow_while(
+        self, relay: MemoryObjectReceiveStream[RelayedEvent], work: Awaitable[T]
+    ) -> T:
+        """Show `relay`'s events while `work` runs; return its result.
+
+        Events still queued when it finishes are shown too, so the view ends
+        on the children's final states.
+        """
+        async with anyio.create_task_group() as tg:
+
+            async def show() -> None:
+                async for relayed in relay:
+                    self.update(relayed)
+
+            tg.start_soon(show)
+            try:
+                result = await work
+            finally:
+                tg.cancel_scope.cancel()
+                while True:
+                    try:
+                        self.update(relay.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                        break
+        return result
+
+    def draw(self) -> None:
+        """Redraw in place (terminals) or print the whole tree once (elsewhere)."""
+        lines = self.lines()
+        if self.live and self._drawn:
+            self.out.write(f"\x1b[{self._drawn}F")
+        for line in lines:
+            self.out.write(("\x1b[2K" if self.live else "") + line + "\n")
+        self._drawn = len(lines)
+        self.out.flush()
