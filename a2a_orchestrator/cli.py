@@ -1,4 +1,4 @@
-"""The `a2a-orchestrator` command line."""
+"""The `a2a-orchestrator` command line: its parser and entry point."""
 
 from __future__ import annotations
 
@@ -11,37 +11,81 @@ from pathlib import Path
 
 import anyio
 
+from .commands import ASYNC_COMMANDS, DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES
 from .errors import OrchestratorError
-from .models import ModelSettings, describe_model, is_scripted, resolve_model
-from .roles import find_role
-from .server import run_role_server
+from .up import up
 
-__all__ = ["DEFAULT_PORTS", "build_parser", "main"]
+__all__ = ["DEFAULT_PORTS", "EXIT_CODES", "build_parser", "main"]
 
-DEFAULT_PORTS = {"orchestrator": 9100, "architect": 9101, "coder": 9102, "reviewer": 9103}
-"""Where `serve` listens by default; other roles default to 9110."""
-DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
+
+# -- the parser ---------------------------------------------------------------------
+
+
+def _store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=DEFAULT_STORE,
+        help=f"the orchestrator's store ({DEFAULT_STORE})",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a2a-orchestrator",
         description="An A2A agent network: role agents as A2A servers, and an orchestrator "
-        "that delegates to them.",
+        "that delegates to them, remote or in-process, through one interface.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    demo = commands.add_parser(
+        "demo",
+        help="run the offline demo: four role servers and the pipeline, scripted model",
+        description="Start the four role servers on 127.0.0.1 with a scripted model (no API "
+        "key, no network), run the architect -> coder -> reviewer pipeline on a sample "
+        "project through the real network, show it live, and print where the artifacts are.",
+    )
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where to put the sample project (a new temp dir)",
+    )
+
+    run = commands.add_parser(
+        "run",
+        help="run a task through the network in this process",
+        description="Run TASK with the architect -> coder -> reviewer pipeline (default) or a "
+        "parent agent, showing the network live; the exit code is the task's signal "
+        "(TASK_DONE 0, TASK_FAILED 1, TASK_SKIPPED 3).",
+    )
+    run.add_argument("task", metavar="TASK", help="what to do")
+    run.add_argument("--workdir", type=Path, default=Path("."), help="the project directory")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--pipeline", action="store_true", help="architect -> coder -> reviewer")
+    mode.add_argument(
+        "--parent", action="store_true", help="a parent agent that delegates with its tools"
+    )
+    run.add_argument("--session", default=None, help="session id (default: a new one)")
+    run.add_argument("--review-rounds", type=int, default=1, help="reviews before giving up")
+    run.add_argument("--hooks", type=Path, default=None, help="hook file (default .a2a/hooks.toml)")
+    _store_option(run)
+
     serve = commands.add_parser(
         "serve",
-        help="run one role as an A2A server",
+        help="run one role, or the orchestrator, as an A2A server",
         description="Run ROLE as an A2A v1.0 server (JSON-RPC at /, HTTP+JSON under /rest, "
-        "agent card at /.well-known/agent-card.json), until Ctrl-C or SIGTERM.",
+        "agent card at /.well-known/agent-card.json), until Ctrl-C or SIGTERM. "
+        "`serve orchestrator` serves the whole network as one agent, with the HTTP "
+        "control API under /api.",
     )
-    serve.add_argument("role", metavar="ROLE", help="role name, e.g. architect, coder, reviewer")
+    serve.add_argument(
+        "role", metavar="ROLE", help="orchestrator, or a role: architect, coder, ..."
+    )
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     serve.add_argument(
-        "--port", type=int, default=None, help="port (default: 9101-9103 for the shipped roles)"
+        "--port", type=int, default=None, help="port (default: 9100-9104 for the shipped ones)"
     )
     serve.add_argument(
         "--db",
@@ -62,46 +106,65 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {DEFAULT_TOKEN_ENV})",
     )
     serve.add_argument("--model", default=None, help="override the role's model name")
+    serve.add_argument(
+        "--store", type=Path, default=None, help="orchestrator only: its store (under --workdir)"
+    )
+
+    up = commands.add_parser(
+        "up",
+        help="start every agent in agents/ and the orchestrator as local processes",
+        description="Start each in-process agent of the network as a role server on its port, "
+        "wait for their cards, then the orchestrator pointed at them; print the URLs and "
+        "stop them all on Ctrl-C.",
+    )
+    up.add_argument("--workdir", type=Path, default=Path("."), help="the work directory")
+    up.add_argument("--port", type=int, default=9100, help="the orchestrator's port")
+
+    status = commands.add_parser(
+        "status",
+        help="list the sessions in the store",
+        description="List the sessions in the store with their children's states.",
+    )
+    _store_option(status)
+
+    children = commands.add_parser(
+        "children", help="list a session's children", description="List a session's children."
+    )
+    children.add_argument("session", metavar="SESSION", help="session id")
+    _store_option(children)
+
+    events = commands.add_parser(
+        "events",
+        help="show a session's event log",
+        description="Show a session's event log, or write it as JSON lines.",
+    )
+    events.add_argument("session", metavar="SESSION", help="session id")
+    events.add_argument("--jsonl", action="store_true", help="one JSON object per line")
+    events.add_argument("--child", default=None, help="only this child's events")
+    _store_option(events)
+
+    stop = commands.add_parser(
+        "stop",
+        help="stop a session's running children",
+        description="Stop every running child of SESSION: through the orchestrator server's "
+        "API when it runs the session, else directly (remote children get CancelTask).",
+    )
+    stop.add_argument("session", metavar="SESSION", help="session id")
+    stop.add_argument(
+        "--server", default="http://127.0.0.1:9100", help="the orchestrator server to ask first"
+    )
+    _store_option(stop)
+
+    resume = commands.add_parser(
+        "resume",
+        help="resume a session's unfinished children",
+        description="Resume SESSION's unfinished children (local ones from their transcripts, "
+        "remote ones re-attached) and follow them until they finish.",
+    )
+    resume.add_argument("session", metavar="SESSION", help="session id")
+    resume.add_argument("--workdir", type=Path, default=Path("."), help="the project directory")
+    _store_option(resume)
     return parser
-
-
-async def _serve(args: argparse.Namespace) -> None:
-    role = find_role(args.role)
-    if args.model:
-        role = role.with_overrides(model=args.model)
-    workdir = args.workdir.resolve()
-    if not workdir.is_dir():
-        raise OrchestratorError(f"work directory {workdir} does not exist")
-    settings = ModelSettings.from_env()
-    model = resolve_model(role.model, settings)
-    db = args.db or str(workdir / ".a2a" / f"tasks-{role.name}.db")
-    port = args.port if args.port is not None else DEFAULT_PORTS.get(role.name, 9110)
-    token = os.environ.get(args.token_env) or None
-    async with run_role_server(
-        role,
-        model,
-        workdir,
-        db=db,
-        host=args.host,
-        port=port,
-        token=token,
-        public_url=args.public_url,
-        models=lambda name: resolve_model(name, settings),
-        install_signal_handlers=True,
-    ) as server:
-        print(f"{role.name}: serving A2A at {server.url}", flush=True)
-        print(f"  agent card: {server.url}/.well-known/agent-card.json", flush=True)
-        print(f"  {describe_model(model)}", flush=True)
-        if is_scripted(model):
-            print(
-                "  (set A2A_MODEL_BASE_URL and A2A_MODEL_API_KEY to use a real "
-                "OpenAI-compatible model)",
-                flush=True,
-            )
-        print(f"  work directory: {workdir}; task store: {db}", flush=True)
-        print(f"  auth: {'bearer token from $' + args.token_env if token else 'off'}", flush=True)
-        await server.stopped.wait()
-    print(f"{role.name}: stopped", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,18 +174,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        if args.command == "serve":
-            anyio.run(_serve, args)
+        if args.command == "up":
+            return up(args)
+        return int(anyio.run(ASYNC_COMMANDS[args.command], args))
     except OrchestratorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:
-        # Typically the port is taken; say which.
+        # Typically a port that is taken; say which.
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ local transport alike.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -149,6 +150,10 @@ class RoleExecutor(AgentExecutor):
         self._conversations: dict[str, Conversation] = {}
         self._context_of: dict[str, str] = {}
         self._turn_ended: dict[str, anyio.Event] = {}
+
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Nothing to hold open for the server's lifetime."""
+        return contextlib.nullcontext()
 
     def conversation(self, task_id: str) -> Conversation | None:
         """The conversation a task belongs to, while this server holds it."""

@@ -15,14 +15,15 @@ from typing import Any
 
 from .control import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_DEPTH, WAIT_BOUNDS_MS, ControlPlane
 from .errors import ControlError, ToolError
-from .events import ChildEvent, MessageDelta, event_to_dict
+from .events import ChildEvent, MessageDelta, event_from_dict, event_to_dict
 from .executor import role_conversation
 from .hooks import Hooks
-from .models.base import Model
+from .models.base import ChatMessage, Model
 from .roles import Role, find_role
 from .runtime import Conversation, Emit
 from .session import Session
 from .tools import Tool
+from .transcript import rebuild_transcript
 
 __all__ = ["CONTROL_TOOLS", "ParentAgent", "control_tools"]
 
@@ -160,7 +161,9 @@ class ParentAgent:
         max_depth: int = DEFAULT_MAX_DEPTH,
         hooks: Hooks | None = None,
         wait_bounds_ms: tuple[int, int] = WAIT_BOUNDS_MS,
+        messages: list[ChatMessage] | None = None,
     ) -> None:
+        """`messages`: the parent's transcript so far (see `restore`); None starts fresh."""
         self.session = session
         self.role = find_role(role) if isinstance(role, str) else role
         self.plane = ControlPlane(
@@ -180,8 +183,29 @@ class ParentAgent:
             model,
             session.workspace,
             extra_tools=control_tools(self.plane),
+            messages=messages,
         )
         self.plane.inbox = self.conversation
+
+    @classmethod
+    async def restore(cls, session: Session, model: Model, **kwargs: Any) -> ParentAgent:
+        """The session's parent as its stored transcript left it (a later turn,
+        another process, a restart): its inputs, events and children's results."""
+        role = kwargs.pop("role", "orchestrator")
+        the_role = find_role(role) if isinstance(role, str) else role
+        entries: list[str | ChildEvent] = []
+        for item in await session.store.events(session.id):
+            if item.child_id is not None:
+                continue
+            if item.kind in ("input", "subagent_result"):
+                entries.append(str(item.payload.get("text", "")))
+            else:
+                entries.append(event_from_dict(item.payload))
+        fresh = cls(session, model, role=the_role, **kwargs)
+        if entries:
+            prompt = fresh.conversation.messages[0]["content"]
+            fresh.conversation.messages = rebuild_transcript(prompt, entries)
+        return fresh
 
     async def run(self, text: str | None, emit: Emit | None = None) -> ChildEvent:
         """One turn of the parent; its input and events go to the session's transcript."""

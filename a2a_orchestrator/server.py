@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import anyio
 from a2a.auth.user import User
 from a2a.helpers import new_text_part
+from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import DatabaseTaskStore, TaskStore
 from a2a.types import (
@@ -44,6 +49,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.routing import BaseRoute
 
 from ._version import __version__ as VERSION
 from .events import new_uuid
@@ -60,11 +66,14 @@ from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY
 __all__ = [
     "REST_PREFIX",
     "RunningServer",
+    "agent_card",
     "build_app",
     "build_card",
     "fail_orphaned_tasks",
     "open_task_store",
+    "public_url_for",
     "run_role_server",
+    "run_server",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,21 +82,22 @@ REST_PREFIX = "/rest"
 BEARER_SCHEME = "bearer"
 
 
-def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
-    """The agent card of a role served at `url` (no trailing slash)."""
+def agent_card(
+    *,
+    name: str,
+    description: str,
+    url: str,
+    skills: Sequence[AgentSkill],
+    auth: bool = False,
+    extensions: Sequence[AgentExtension] = (),
+) -> AgentCard:
+    """A card for one of our A2A servers at `url`: JSON-RPC and HTTP+JSON on
+    protocol 1.0, JSON-RPC on 0.3 too, streaming, and the bearer scheme when
+    `auth` is on."""
     url = url.rstrip("/")
-    skills = [
-        AgentSkill(
-            id=skill,
-            name=skill.replace("-", " "),
-            description=f"{role.description} ({skill})".strip(),
-            tags=[role.name, skill],
-        )
-        for skill in role.skills
-    ] or [AgentSkill(id=role.name, name=role.name, description=role.description, tags=[role.name])]
     card = AgentCard(
-        name=role.name,
-        description=role.description or f"The {role.name} role",
+        name=name,
+        description=description,
         version=VERSION,
         supported_interfaces=[
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
@@ -98,28 +108,17 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
         ],
         capabilities=AgentCapabilities(
-            streaming=True,
-            push_notifications=False,
-            extensions=[
-                AgentExtension(
-                    uri=CONTROL_EXTENSION,
-                    description="Pause, resume, interrupt or steer a running task: send a "
-                    f"message naming the task with metadata {{{CONTROL_KEY!r}: 'pause' | "
-                    "'resume' | 'interrupt' | 'steer'} (steer: the message text is absorbed "
-                    "at the task's next step).",
-                    required=False,
-                )
-            ],
+            streaming=True, push_notifications=False, extensions=list(extensions)
         ),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain", "application/json"],
-        skills=skills,
+        skills=list(skills),
     )
     if auth:
         card.security_schemes[BEARER_SCHEME].CopyFrom(
             SecurityScheme(
                 http_auth_security_scheme=HTTPAuthSecurityScheme(
-                    scheme="bearer", description="Token shared with the role server's operator"
+                    scheme="bearer", description="Token shared with the server's operator"
                 )
             )
         )
@@ -127,6 +126,36 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
             SecurityRequirement(schemes={BEARER_SCHEME: StringList()})
         )
     return card
+
+
+CONTROL_CARD_EXTENSION = AgentExtension(
+    uri=CONTROL_EXTENSION,
+    description="Pause, resume, interrupt or steer a running task: send a message naming "
+    f"the task with metadata {{{CONTROL_KEY!r}: 'pause' | 'resume' | 'interrupt' | 'steer'}} "
+    "(steer: the message text is absorbed at the task's next step).",
+    required=False,
+)
+
+
+def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
+    """The agent card of a role served at `url`."""
+    skills = [
+        AgentSkill(
+            id=skill,
+            name=skill.replace("-", " "),
+            description=f"{role.description} ({skill})".strip(),
+            tags=[role.name, skill],
+        )
+        for skill in role.skills
+    ] or [AgentSkill(id=role.name, name=role.name, description=role.description, tags=[role.name])]
+    return agent_card(
+        name=role.name,
+        description=role.description or f"The {role.name} role",
+        url=url,
+        skills=skills,
+        auth=auth,
+        extensions=[CONTROL_CARD_EXTENSION],
+    )
 
 
 def open_task_store(db: str) -> TaskStore:
@@ -182,16 +211,39 @@ async def fail_orphaned_tasks(task_store: TaskStore) -> int:
     return failed
 
 
+class ServedExecutor(Protocol):
+    """What `build_app` serves: an a2a-sdk executor that can end its work on shutdown."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None: ...
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def running(self) -> AbstractAsyncContextManager[None]:
+        """Entered for the server's lifetime (the lifespan owns what it starts)."""
+        ...
+
+
 def build_app(
-    executor: RoleExecutor,
+    executor: ServedExecutor,
     card: AgentCard,
     task_store: TaskStore,
     *,
     token: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """The Starlette app of a role server; its lifespan owns the handler."""
-    handler = RoleRequestHandler(agent_executor=executor, task_store=task_store, agent_card=card)
+    """The Starlette app of an A2A server; its lifespan owns the handler.
+
+    `extra_routes` (the orchestrator's HTTP control API) sit behind the same
+    auth and body limit as the A2A endpoints.
+    """
+    handler = RoleRequestHandler(
+        agent_executor=executor,  # type: ignore[arg-type]
+        task_store=task_store,
+        agent_card=card,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -201,9 +253,10 @@ def build_app(
         if orphans:
             logger.warning("marked %d task(s) left running by a stopped server as failed", orphans)
         try:
-            yield
+            async with executor.running():
+                yield
+                await executor.shutdown()
         finally:
-            await executor.shutdown()
             await handler.aclose()
             if isinstance(task_store, DatabaseTaskStore):
                 await task_store.engine.dispose()
@@ -212,6 +265,7 @@ def build_app(
 
     routes = [
         *create_agent_card_routes(card, cache_control="public, max-age=60"),
+        *extra_routes,
         *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
         *create_rest_routes(handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True),
     ]
@@ -229,14 +283,50 @@ def build_app(
 
 @dataclass(frozen=True, kw_only=True)
 class RunningServer:
-    """A role server that is up: where it listens and what runs it."""
+    """An A2A server that is up: where it listens and what runs it."""
 
     url: str
     """Base URL (the card's JSON-RPC endpoint)."""
     port: int
-    executor: RoleExecutor
+    executor: Any
     stopped: anyio.Event
     """Set once the server has shut down (e.g. after SIGTERM)."""
+
+
+def public_url_for(host: str, port: int, public_url: str | None) -> str:
+    """The URL clients reach a server at: `public_url`, else host and port."""
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    return (public_url or f"http://{reachable}:{port}").rstrip("/")
+
+
+@contextlib.asynccontextmanager
+async def run_server(
+    app: Starlette,
+    sock: socket.socket,
+    url: str,
+    executor: ServedExecutor,
+    *,
+    install_signal_handlers: bool = False,
+) -> AsyncIterator[RunningServer]:
+    """Serve `app` on `sock` until the block exits (or a signal stops it)."""
+    stopped = anyio.Event()
+
+    async def run(*, task_status: StartedStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await serve(
+                app,
+                sock,
+                before_shutdown=executor.shutdown,
+                install_signal_handlers=install_signal_handlers,
+                task_status=task_status,
+            )
+        finally:
+            stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(run)
+        yield RunningServer(url=url, port=port, executor=executor, stopped=stopped)
+        tg.cancel_scope.cancel()
 
 
 @contextlib.asynccontextmanager
@@ -262,9 +352,7 @@ async def run_role_server(
     child asks for (None: children get the server's model only).
     """
     sock = bind_socket(host, port)
-    bound = sock.getsockname()[1]
-    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
-    url = (public_url or f"http://{reachable}:{bound}").rstrip("/")
+    url = public_url_for(host, sock.getsockname()[1], public_url)
     task_store = open_task_store(db)
     executor = RoleExecutor(role, model, Workspace(workdir), task_store=task_store, models=models)
     app = build_app(
@@ -274,21 +362,7 @@ async def run_role_server(
         token=token,
         max_body=max_body,
     )
-    stopped = anyio.Event()
-
-    async def run(*, task_status: StartedStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        try:
-            await serve(
-                app,
-                sock,
-                before_shutdown=executor.shutdown,
-                install_signal_handlers=install_signal_handlers,
-                task_status=task_status,
-            )
-        finally:
-            stopped.set()
-
-    async with anyio.create_task_group() as tg:
-        await tg.start(run)
-        yield RunningServer(url=url, port=bound, executor=executor, stopped=stopped)
-        tg.cancel_scope.cancel()
+    async with run_server(
+        app, sock, url, executor, install_signal_handlers=install_signal_handlers
+    ) as server:
+        yield server

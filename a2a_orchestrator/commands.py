@@ -1,0 +1,350 @@
+"""What each `a2a-orchestrator` command does (the parser lives in `cli.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .delegation import CANCELED_TEXT, ChildConfig
+from .errors import OrchestratorError
+from .events import ChildEvent, Done, Failed, event_from_dict, event_to_dict
+from .hooks import Hooks, load_hook_file
+from .models import ModelSettings, describe_model, is_scripted, resolve_model
+from .network import AgentSpec, Network
+from .pipeline import Brief, Pipeline, PipelineError, Signal, TaskSpec, extract_signal
+from .roles import find_role
+from .server import run_role_server
+from .session import Session
+from .store import Store
+from .transports import RemoteDelegate
+from .view import LiveTree, describe_event
+
+__all__ = [
+    "ASYNC_COMMANDS",
+    "DEFAULT_PORTS",
+    "DEFAULT_STORE",
+    "DEFAULT_TOKEN_ENV",
+    "EXIT_CODES",
+]
+
+DEFAULT_PORTS = {
+    "orchestrator": 9100,
+    "architect": 9101,
+    "coder": 9102,
+    "reviewer": 9103,
+    "observer": 9104,
+}
+"""Where `serve` listens by default; other roles default to 9110."""
+DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
+DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
+EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
+"""`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
+
+MODEL_HINT = (
+    "set A2A_MODEL_BASE_URL (and A2A_MODEL_API_KEY if needed) to use a real OpenAI-compatible model"
+)
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _settings_and_models() -> tuple[ModelSettings, Any]:
+    settings = ModelSettings.from_env()
+    return settings, lambda name: resolve_model(name, settings)
+
+
+def _model_notice(settings: ModelSettings) -> None:
+    if settings.offline:
+        say(f"model: scripted (offline) - no model endpoint is configured; {MODEL_HINT}")
+
+
+def _hooks(path: Path | None, workdir: Path) -> Hooks:
+    candidate = path or workdir / ".a2a" / "hooks.toml"
+    if path is not None or candidate.exists():
+        return load_hook_file(candidate)
+    return Hooks()
+
+
+def _existing_store(path: Path) -> Store:
+    if not path.exists():
+        raise OrchestratorError(f"no store at {path} (run a task first, or pass --store)")
+    return Store(path)
+
+
+def workdir_of(path: Path) -> Path:
+    resolved = path.resolve()
+    if not resolved.is_dir():
+        raise OrchestratorError(f"work directory {resolved} does not exist")
+    return resolved
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    result = await run_demo(args.workdir, out=sys.stdout)
+    return EXIT_CODES[result.signal]
+
+
+async def _run(args: argparse.Namespace) -> int:
+    workdir = workdir_of(args.workdir)
+    settings, models = _settings_and_models()
+    _model_notice(settings)
+    hooks = _hooks(args.hooks, workdir)
+    store = Store(args.store)
+    async with Session(
+        store, workdir=workdir, models=models, session_id=args.session, title=args.task
+    ) as session:
+        say(f"session {session.id}  (a2a-orchestrator events {session.id})")
+        if args.parent:
+            from .parent import ParentAgent
+
+            parent = await ParentAgent.restore(session, models("default"), hooks=hooks)
+            tree = LiveTree(f"parent agent  session {session.id[:8]}")
+
+            async def show(event: ChildEvent) -> None:
+                if event.kind != "message_delta":
+                    say(f"[orchestrator] {describe_event(event)}")
+
+            async with session.relay() as relay:
+                outcome = await tree.follow_while(relay, parent.run(args.task, show))
+            text = outcome.text if isinstance(outcome, Done) else getattr(outcome, "message", "")
+            say("\n" + text)
+            if isinstance(outcome, Failed):
+                return 1
+            return EXIT_CODES[extract_signal(text) or "TASK_DONE"]
+        brief = Brief(task=TaskSpec(id=session.id[:8], title=args.task[:80], description=args.task))
+        tree = LiveTree(
+            f"pipeline  session {session.id[:8]}", expected=["architect", "coder", "reviewer"]
+        )
+        try:
+            async with session.relay() as relay:
+                from .pipeline import PassOptions
+
+                pipeline = Pipeline(session, brief, PassOptions(review_rounds=args.review_rounds))
+                result = await tree.follow_while(relay, pipeline.run())
+        except PipelineError as exc:
+            say(f"\npipeline failed: {exc}")
+            return 1
+        if not tree.live:
+            tree.draw()
+        say(f"\nsignal: {result.signal}   artifacts: {workdir / result.artifact_dir}")
+        return EXIT_CODES[result.signal]
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    workdir = workdir_of(args.workdir)
+    settings, models = _settings_and_models()
+    port = args.port if args.port is not None else DEFAULT_PORTS.get(args.role, 9110)
+    token = os.environ.get(args.token_env) or None
+    common = dict(
+        host=args.host,
+        port=port,
+        token=token,
+        public_url=args.public_url,
+        install_signal_handlers=True,
+    )
+    if args.role == "orchestrator":
+        from .orchestrator import run_orchestrator_server
+
+        db = args.db or str(workdir / ".a2a" / "tasks-orchestrator.db")
+        store_path = args.store or workdir / ".a2a" / "orchestrator.db"
+        network = Network.load()
+        context = run_orchestrator_server(
+            store_path=store_path,
+            workdir=workdir,
+            network=network,
+            models=models,
+            db=db,
+            hooks=_hooks(None, workdir),
+            **common,
+        )
+        name = "orchestrator"
+        model_line = describe_model(models("default"))
+        extra = [
+            "  agents: "
+            + ", ".join(
+                f"{s.name}={'remote ' + str(s.url) if s.remote else 'in-process'}"
+                for s in network.agents.values()
+            ),
+            f"  control API: /api/sessions   store: {store_path}",
+        ]
+        scripted = settings.offline
+    else:
+        role = find_role(args.role)
+        if args.model:
+            role = role.with_overrides(model=args.model)
+        model = resolve_model(role.model, settings)
+        db = args.db or str(workdir / ".a2a" / f"tasks-{role.name}.db")
+        context = run_role_server(role, model, workdir, db=db, models=models, **common)
+        name = role.name
+        model_line = describe_model(model)
+        extra = []
+        scripted = is_scripted(model)
+    async with context as server:
+        say(f"{name}: serving A2A at {server.url}")
+        say(f"  agent card: {server.url}/.well-known/agent-card.json")
+        say(f"  {model_line}")
+        if scripted:
+            say(f"  ({MODEL_HINT})")
+        for line in extra:
+            say(line)
+        say(f"  work directory: {workdir}; task store: {db}")
+        say(f"  auth: {'bearer token from $' + args.token_env if token else 'off'}")
+        await server.stopped.wait()
+    say(f"{name}: stopped")
+    return 0
+
+
+async def _status(args: argparse.Namespace) -> int:
+    store = _existing_store(args.store)
+    sessions = await store.list_sessions()
+    if not sessions:
+        say("no sessions")
+    for session in sessions:
+        records = await store.list_children(session_id=session["id"])
+        counts: dict[str, int] = {}
+        for record in records:
+            counts[record.status] = counts.get(record.status, 0) + 1
+        states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no children"
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(session["created_at"]))
+        say(f"{session['id']}  {started}  {states}  {session['title'][:60]}")
+    store.close()
+    return 0
+
+
+async def _children(args: argparse.Namespace) -> int:
+    store = _existing_store(args.store)
+    if await store.get_session(args.session) is None:
+        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
+    for record in await store.list_children(session_id=args.session):
+        where = record.url or "in-process"
+        detail = f" ({record.reason})" if record.reason else ""
+        say(
+            f"{record.child_id}  {record.agent or record.role:<12} {record.status}{detail:<12} "
+            f"{where}  {' '.join(record.result.split())[:60]}"
+        )
+    store.close()
+    return 0
+
+
+async def _events(args: argparse.Namespace) -> int:
+    store = _existing_store(args.store)
+    if await store.get_session(args.session) is None:
+        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
+    if args.jsonl and args.child is None:
+        await store.export_jsonl(args.session, sys.stdout)
+    else:
+        for event in await store.events(args.session, child_id=args.child):
+            if args.jsonl:
+                say(json.dumps(event.as_json(), ensure_ascii=False))
+                continue
+            who = event.child_id or "parent"
+            if event.kind in ("input", "steer", "subagent_result"):
+                text = " ".join(str(event.payload.get("text", "")).split())[:100]
+                say(f"{event.seq:>5}  {who:<12} {event.kind}: {text}")
+            else:
+                say(f"{event.seq:>5}  {who:<12} {describe_event(event_from_dict(event.payload))}")
+    store.close()
+    return 0
+
+
+async def _stop(args: argparse.Namespace) -> int:
+    try:
+        async with httpx.AsyncClient(timeout=15) as http:
+            response = await http.post(f"{args.server}/api/sessions/{args.session}/subagents/stop")
+        if response.status_code == 200:
+            say(f"stopped {response.json()['stopped']} (through {args.server})")
+            return 0
+    except httpx.HTTPError:
+        pass  # no server runs it: stop what the store says is running, directly
+    store = _existing_store(args.store)
+    if await store.get_session(args.session) is None:
+        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
+    stopped = 0
+    remote = RemoteDelegate()
+    try:
+        for record in await store.list_children(session_id=args.session, statuses=["running"]):
+            if record.transport == "remote" and record.a2a_task_id:
+                spec = Network.load().agents.get(record.agent)
+                target = AgentSpec(
+                    name=record.agent,
+                    role=record.role,
+                    url=record.url,
+                    token_env=spec.token_env if spec else None,
+                )
+                run = await remote.reopen(
+                    target,
+                    ChildConfig.from_dict(record.config),
+                    child_id=record.child_id,
+                    task_id=record.a2a_task_id,
+                    context_id=record.a2a_context_id,
+                )
+                await run.cancel()
+                await run.aclose()
+            # The runner of a local child is gone; record it as aborted.
+            failed = Failed(reason="aborted", message=CANCELED_TEXT)
+            await store.append_event(
+                args.session,
+                failed.kind,
+                event_to_dict(failed),
+                child_id=record.child_id,
+                uuid=failed.uuid,
+                child_changes={
+                    "status": "failed",
+                    "reason": "aborted",
+                    "completed_at": time.time(),
+                },
+            )
+            stopped += 1
+    finally:
+        await remote.aclose()
+        store.close()
+    say(f"stopped {stopped}")
+    return 0
+
+
+async def _resume(args: argparse.Namespace) -> int:
+    workdir = workdir_of(args.workdir)
+    _, models = _settings_and_models()
+    store = _existing_store(args.store)
+    if await store.get_session(args.session) is None:
+        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
+    async with Session(store, workdir=workdir, models=models, session_id=args.session) as session:
+        tree = LiveTree(f"resume  session {session.id[:8]}")
+        async with session.relay() as relay:
+            handles = await session.recover()
+            if not handles:
+                say("nothing to resume: every child had finished")
+                return 0
+            outcomes = await tree.follow_while(relay, session.wait_all())
+        if not tree.live:
+            tree.draw()
+    failed = [o for o in outcomes.values() if isinstance(o, Failed)]
+    say(f"\nresumed {len(handles)}; {len(failed)} failed")
+    return 1 if failed else 0
+
+
+ASYNC_COMMANDS = {
+    "demo": _demo,
+    "run": _run,
+    "serve": _serve,
+    "status": _status,
+    "children": _children,
+    "events": _events,
+    "stop": _stop,
+    "resume": _resume,
+}

@@ -1,0 +1,333 @@
+"""The orchestrator as an A2A server: the whole network as one agent.
+
+Two skills. `pipeline` (the default) runs architect -> coder -> reviewer on
+the message's text; `delegate` hands the text to a parent agent (role
+`orchestrator`) that orchestrates through the control-plane tools. Choose
+with message metadata `{"a2a_orchestrator.mode": "pipeline" | "delegate"}`.
+
+One A2A context is one session: a follow-up in the same context continues
+the parent agent's conversation. The orchestrator's own progress travels as
+child events (the same wire mapping as a role server, so it can itself be a
+child of another orchestrator), and every child's event as a WORKING status
+update with `kind = child_event` and a data part naming the child. The HTTP
+control API (`api.py`) is served beside the A2A endpoint.
+
+Sessions are held open by a task group the server's lifespan owns, so
+children outlive the request that spawned them and are stopped, at the
+latest, when the server stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from a2a.helpers import get_message_text, new_data_part, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import (
+    AgentCard,
+    AgentSkill,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from anyio.abc import TaskGroup
+from anyio.abc import TaskStatus as StartedStatus
+from google.protobuf.json_format import MessageToDict
+
+from .api import api_routes
+from .control import ControlPlane
+from .events import ChildEvent, Done, Failed, MessageDelta, Started, event_to_dict
+from .hooks import Hooks
+from .models.base import Model
+from .network import Network
+from .parent import ParentAgent
+from .pipeline import Brief, Pipeline, PipelineError, TaskSpec
+from .server import (
+    RunningServer,
+    agent_card,
+    build_app,
+    open_task_store,
+    public_url_for,
+    run_server,
+)
+from .serving import bind_socket
+from .session import RelayedEvent, Session
+from .store import Store
+from .view import describe_event
+from .wire import EVENT_KEY, publish
+
+__all__ = ["MODE_KEY", "OrchestratorExecutor", "build_orchestrator_card", "run_orchestrator_server"]
+
+MODE_KEY = "a2a_orchestrator.mode"
+MODES = ("pipeline", "delegate")
+
+
+def build_orchestrator_card(url: str, *, auth: bool = False) -> AgentCard:
+    return agent_card(
+        name="orchestrator",
+        description="An A2A agent network as one agent: architect, coder and reviewer "
+        "role agents (local or remote) orchestrated over A2A.",
+        url=url,
+        auth=auth,
+        skills=[
+            AgentSkill(
+                id="pipeline",
+                name="architect, coder, reviewer",
+                description="Designs, implements and reviews a software task in the work "
+                "directory; ends with TASK_DONE, TASK_FAILED or TASK_SKIPPED.",
+                tags=["software", "pipeline"],
+                examples=["Add a --verbose flag to the CLI and test it"],
+            ),
+            AgentSkill(
+                id="delegate",
+                name="general delegation",
+                description="A parent agent splits the task among the network's agents. "
+                f"Send metadata {{{MODE_KEY!r}: 'delegate'}}.",
+                tags=["delegation"],
+            ),
+        ],
+    )
+
+
+class _Host:
+    """Holds sessions open in a task group owned by the server's lifespan."""
+
+    def __init__(self, open_session: Callable[[str], Session]) -> None:
+        self._open = open_session
+        self._tg: TaskGroup | None = None
+        self.sessions: dict[str, Session] = {}
+        self._release: dict[str, anyio.Event] = {}
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield
+            finally:
+                self._tg = None
+                tg.cancel_scope.cancel()
+
+    async def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        if self._tg is None:
+            raise RuntimeError("the orchestrator is not running")
+        started: Session = await self._tg.start(self._hold, session_id)
+        return started
+
+    async def _hold(
+        self, session_id: str, *, task_status: StartedStatus[Session] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        release = self._release[session_id] = anyio.Event()
+        try:
+            async with self._open(session_id) as session:
+                self.sessions[session_id] = session
+                await session.recover()
+                task_status.started(session)
+                await release.wait()
+        finally:
+            self.sessions.pop(session_id, None)
+            self._release.pop(session_id, None)
+
+    def release(self, session_id: str) -> None:
+        event = self._release.get(session_id)
+        if event is not None:
+            event.set()
+
+
+class OrchestratorExecutor(AgentExecutor):
+    """Runs the pipeline or a parent agent for each A2A task."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        workdir: Path,
+        network: Network,
+        models: Callable[[str], Model],
+        parent_model: str = "default",
+        hooks: Hooks | None = None,
+        max_concurrent: int = 4,
+        lost_after: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.network = network
+        self.models = models
+        self.parent_model = parent_model
+        self.hooks = hooks or Hooks()
+        self.max_concurrent = max_concurrent
+        self.planes: dict[str, ControlPlane] = {}
+        self._runs: dict[str, Pipeline | ParentAgent] = {}
+        self.host = _Host(
+            lambda session_id: Session(
+                store,
+                workdir=workdir,
+                network=network,
+                models=models,
+                session_id=session_id,
+                parent_model=parent_model,
+                lost_after=lost_after,
+            )
+        )
+
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.host.running()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task
+        task_id = context.task_id or ""
+        context_id = task.context_id if task is not None else (context.context_id or "")
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        if task is None:
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                    history=[context.message] if context.message else [],
+                )
+            )
+        text = get_message_text(context.message) if context.message else ""
+        metadata = (
+            MessageToDict(context.message.metadata)
+            if context.message is not None and context.message.HasField("metadata")
+            else {}
+        )
+        mode = str(metadata.get(MODE_KEY, "pipeline"))
+
+        async def emit(event: ChildEvent) -> None:
+            await publish(updater, event)
+
+        if mode not in MODES:
+            await emit(Started(role="orchestrator"))
+            await emit(Failed(reason="error", message=f"unknown mode {mode!r}; use {MODES}"))
+            return
+        session = await self.host.get(context_id)
+        async with session.relay() as relay, anyio.create_task_group() as tg:
+            tg.start_soon(self._forward, relay, updater)
+            try:
+                if mode == "pipeline":
+                    await self._pipeline(session, task_id, text, emit)
+                else:
+                    await self._delegate(session, task_id, text, emit)
+            finally:
+                self._runs.pop(task_id, None)
+                tg.cancel_scope.cancel()
+        if mode == "pipeline" or not any(h.running for h in session.children.values()):
+            self.planes.pop(context_id, None)
+            self.host.release(context_id)
+
+    async def _forward(
+        self, relay: anyio.abc.ObjectReceiveStream[RelayedEvent], updater: TaskUpdater
+    ) -> None:
+        async for relayed in relay:
+            if isinstance(relayed.event, MessageDelta):
+                continue  # the whole message follows; deltas would flood the history
+            data = {
+                "child_id": relayed.child_id,
+                "parent_id": relayed.parent_id,
+                "agent": relayed.agent,
+                "role": relayed.role,
+                "transport": relayed.transport,
+                "event": event_to_dict(relayed.event),
+            }
+            line = f"[{relayed.agent} {relayed.child_id[:6]}] {describe_event(relayed.event)}"
+            message = updater.new_agent_message(
+                [new_text_part(line), new_data_part(data)],
+                metadata={EVENT_KEY: "child_event"},
+            )
+            await updater.update_status(TaskState.TASK_STATE_WORKING, message)
+
+    async def _pipeline(
+        self, session: Session, task_id: str, text: str, emit: Callable[[ChildEvent], Any]
+    ) -> None:
+        self.planes[session.id] = ControlPlane(session, hooks=self.hooks)
+        title = text.strip().splitlines()[0][:80] if text.strip() else "task"
+        brief = Brief(task=TaskSpec(id=task_id[:8], title=title, description=text))
+        pipeline = Pipeline(session, brief)
+        self._runs[task_id] = pipeline
+        await emit(Started(role="orchestrator", model="pipeline"))
+        try:
+            result = await pipeline.run()
+        except PipelineError as exc:
+            await emit(
+                Failed(reason="aborted" if "cancelled" in str(exc) else "error", message=str(exc))
+            )
+            return
+        summary = (
+            f"{result.signal}\n\nArtifacts: {result.artifact_dir}\n\n"
+            f"# Review\n\n{result.reviewer_output}\n\n# Implementation\n\n{result.coder_output}"
+        )
+        await emit(Done(text=summary, usage=result.usage))
+
+    async def _delegate(
+        self, session: Session, task_id: str, text: str, emit: Callable[[ChildEvent], Any]
+    ) -> None:
+        parent = await ParentAgent.restore(
+            session,
+            self.models(self.parent_model),
+            hooks=self.hooks,
+            max_concurrent=self.max_concurrent,
+        )
+        self.planes[session.id] = parent.plane
+        self._runs[task_id] = parent
+        await parent.run(text, emit)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        run = self._runs.get(context.task_id or "")
+        if isinstance(run, Pipeline):
+            await run.cancel()
+        elif isinstance(run, ParentAgent):
+            await run.plane.stop_children()
+            run.conversation.abort("aborted", "canceled by request")
+
+    async def shutdown(self) -> None:
+        for plane in list(self.planes.values()):
+            with anyio.move_on_after(10):
+                await plane.stop_children()
+
+
+@contextlib.asynccontextmanager
+async def run_orchestrator_server(
+    *,
+    store_path: Path,
+    workdir: Path,
+    network: Network,
+    models: Callable[[str], Model],
+    db: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    public_url: str | None = None,
+    hooks: Hooks | None = None,
+    install_signal_handlers: bool = False,
+) -> AsyncIterator[RunningServer]:
+    """Serve the orchestrator (A2A + the HTTP control API) until the block exits."""
+    sock = bind_socket(host, port)
+    url = public_url_for(host, sock.getsockname()[1], public_url)
+    store = Store(store_path)
+    executor = OrchestratorExecutor(
+        store, workdir=workdir, network=network, models=models, hooks=hooks
+    )
+    app = build_app(
+        executor,
+        build_orchestrator_card(url, auth=bool(token)),
+        open_task_store(db),
+        token=token,
+        extra_routes=api_routes(store, lambda: executor.planes),
+    )
+    try:
+        async with run_server(
+            app, sock, url, executor, install_signal_handlers=install_signal_handlers
+        ) as server:
+            yield server
+    finally:
+        store.close()

@@ -1,0 +1,308 @@
+"""docker-compose.yaml and the Dockerfile agree with the network in agents/.
+
+No Docker here: the files are read as data and checked against the agent
+files, so a new agent file without its service, or a port changed in one place
+only, fails the suite.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from a2a_orchestrator.network import AgentSpec, Network, override_var
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+CARD_PATH = "/.well-known/agent-card.json"
+ORCHESTRATOR = "orchestrator"
+ORCHESTRATOR_PORT = 9100
+
+
+def agents() -> dict[str, AgentSpec]:
+    """The agents of the repository's agents/ directory, without env overrides."""
+    network = Network.load(cwd=ROOT, home=ROOT / "no-such-home", environ={})
+    found = {
+        name: spec
+        for name, spec in network.agents.items()
+        if spec.source is not None and spec.source.parent == ROOT / "agents"
+    }
+    assert found, "no agent files in agents/"
+    return found
+
+
+AGENTS = agents()
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found = compose["services"]
+    assert isinstance(found, dict)
+    return found
+
+
+def flag(command: list[str], name: str) -> str:
+    """The value after `name` in a service's command; fails if it is absent."""
+    assert name in command, f"{name} missing from {command}"
+    return command[command.index(name) + 1]
+
+
+def command_of(service: dict[str, Any]) -> list[str]:
+    command = service["command"]
+    assert isinstance(command, list), "command must be a list (exec form)"
+    assert all(isinstance(part, str) for part in command)
+    return command
+
+
+def expected_port(name: str) -> int:
+    if name == ORCHESTRATOR:
+        return ORCHESTRATOR_PORT
+    port = AGENTS[name].port
+    assert port is not None, f"agents/{name}.toml has no port"
+    return port
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    assert isinstance(env, dict)
+    return {key: str(value) for key, value in env.items()}
+
+
+def volume_mounts(service: dict[str, Any]) -> dict[str, str]:
+    """target -> source for the service's volumes, short or long syntax."""
+    mounts: dict[str, str] = {}
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            source, _, rest = entry.partition(":")
+            mounts[rest.split(":")[0]] = source
+        else:
+            mounts[entry["target"]] = entry.get("source", "")
+    return mounts
+
+
+ALL_SERVICES = [*sorted(AGENTS), ORCHESTRATOR]
+
+
+# --- the services ---------------------------------------------------------------
+
+
+def test_the_shipped_agents_are_all_there() -> None:
+    assert sorted(AGENTS) == ["architect", "coder", "observer", "reviewer"]
+
+
+def test_every_agent_has_a_service_of_its_name(services: dict[str, dict[str, Any]]) -> None:
+    assert set(services) == {*AGENTS, ORCHESTRATOR}
+
+
+@pytest.mark.parametrize("name", ALL_SERVICES)
+def test_service_builds_the_one_dockerfile(services: dict[str, dict[str, Any]], name: str) -> None:
+    build = services[name]["build"]
+    if isinstance(build, dict):
+        assert build.get("context", ".") == "."
+        assert build.get("dockerfile", "Dockerfile") == "Dockerfile"
+    else:
+        assert build == "."
+
+
+@pytest.mark.parametrize("name", ALL_SERVICES)
+def test_service_serves_its_role_on_its_port(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    service = services[name]
+    command = command_of(service)
+    port = expected_port(name)
+    role = name if name == ORCHESTRATOR else AGENTS[name].role
+    assert command[:2] == ["serve", role]
+    assert flag(command, "--host") == "0.0.0.0"
+    assert flag(command, "--port") == str(port)
+    assert flag(command, "--public-url") == f"http://{name}:{port}"
+    assert flag(command, "--workdir") == "/work"
+    assert service["ports"] == [f"{port}:{port}"]
+
+
+@pytest.mark.parametrize("name", ALL_SERVICES)
+def test_healthcheck_fetches_its_own_card(services: dict[str, dict[str, Any]], name: str) -> None:
+    check = services[name]["healthcheck"]
+    test = check["test"]
+    assert isinstance(test, list) and test[0] in {"CMD", "CMD-SHELL"}
+    text = " ".join(test[1:])
+    port = expected_port(name)
+    assert f"http://127.0.0.1:{port}{CARD_PATH}" in text
+    # Only its own port: a copy-pasted check would watch another service.
+    assert set(re.findall(r":(\d{4,5})/", text)) == {str(port)}
+    assert "curl" not in text  # python:3.11-slim has no curl
+    for key in ("interval", "timeout", "retries", "start_period"):
+        assert key in check, f"{name}: healthcheck has no {key}"
+
+
+def test_healthcheck_command_is_valid_python(services: dict[str, dict[str, Any]]) -> None:
+    for name in ALL_SERVICES:
+        test = services[name]["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "python", "-c"]
+        compile(test[3], f"{name} healthcheck", "exec")
+
+
+@pytest.mark.parametrize("name", ALL_SERVICES)
+def test_task_store_lives_on_its_own_data_volume(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    service = services[name]
+    mounts = volume_mounts(service)
+    assert "/data" in mounts
+    assert mounts["/data"] == f"{name}-data"
+    assert flag(command_of(service), "--db").startswith("/data/")
+    # All roles work on the same project files.
+    assert mounts["/work"] == "work"
+
+
+def test_data_volumes_are_not_shared(services: dict[str, dict[str, Any]]) -> None:
+    sources = [volume_mounts(services[name])["/data"] for name in ALL_SERVICES]
+    assert len(set(sources)) == len(sources)
+
+
+@pytest.mark.parametrize("name", ALL_SERVICES)
+def test_model_and_token_come_from_the_host(services: dict[str, dict[str, Any]], name: str) -> None:
+    env = environment(services[name])
+    for var in (
+        "A2A_MODEL_BASE_URL",
+        "A2A_MODEL_API_KEY",
+        "A2A_MODEL_DEFAULT",
+        "A2A_MODEL_MINI",
+        "A2A_AUTH_TOKEN",
+    ):
+        assert env.get(var) == f"${{{var}:-}}", f"{name}: {var}"
+
+
+def test_orchestrator_reaches_every_agent_remotely(services: dict[str, dict[str, Any]]) -> None:
+    env = environment(services[ORCHESTRATOR])
+    for name, spec in AGENTS.items():
+        assert env[override_var(name, "URL")] == f"http://{name}:{spec.port}"
+        assert env[override_var(name, "TOKEN_ENV")] == "A2A_AUTH_TOKEN"
+
+
+def test_orchestrator_overrides_load_as_remote_agents(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The orchestrator's environment, fed to the real loader, makes every agent remote."""
+    env = environment(services[ORCHESTRATOR])
+    network = Network.load(cwd=ROOT, home=ROOT / "no-such-home", environ=env)
+    for name, spec in AGENTS.items():
+        loaded = network.agents[name]
+        assert loaded.url == f"http://{name}:{spec.port}"
+        assert loaded.token_env == "A2A_AUTH_TOKEN"
+
+
+def test_orchestrator_waits_for_every_agent_to_be_healthy(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    depends_on = services[ORCHESTRATOR]["depends_on"]
+    assert isinstance(depends_on, dict)
+    assert set(depends_on) == set(AGENTS)
+    for name in AGENTS:
+        assert depends_on[name] == {"condition": "service_healthy"}
+
+
+def test_role_services_do_not_depend_on_the_orchestrator(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name in AGENTS:
+        assert ORCHESTRATOR not in services[name].get("depends_on", {})
+
+
+def test_named_volumes_are_declared(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    declared = set(compose.get("volumes") or {})
+    used = {
+        source
+        for service in services.values()
+        for source in volume_mounts(service).values()
+        if source and not source.startswith((".", "/", "~"))
+    }
+    assert used
+    assert used <= declared
+    assert "work" in declared
+
+
+def test_published_ports_are_distinct(services: dict[str, dict[str, Any]]) -> None:
+    published = [port for service in services.values() for port in service["ports"]]
+    assert len(set(published)) == len(published)
+
+
+# --- the Dockerfile -----------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, comments dropped, continuations joined."""
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    instructions = []
+    for line in joined.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            instructions.append((keyword.upper(), rest.strip()))
+    return instructions
+
+
+def test_dockerfile_runs_the_cli_as_a_non_root_user() -> None:
+    instructions = dockerfile_instructions()
+    keywords = [keyword for keyword, _ in instructions]
+    assert instructions[0] == ("FROM", "python:3.11-slim")
+    assert ("ENTRYPOINT", '["a2a-orchestrator"]') in instructions
+    cmd = [rest for keyword, rest in instructions if keyword == "CMD"]
+    assert cmd == ['["serve", "orchestrator", "--host", "0.0.0.0"]']
+    users = [rest for keyword, rest in instructions if keyword == "USER"]
+    assert users and users[-1] not in {"root", "0"}
+    # The user is switched after the install (pip needs root) and before the entrypoint.
+    assert keywords.index("USER") > max(i for i, k in enumerate(keywords) if k == "RUN")
+    workdirs = [rest for keyword, rest in instructions if keyword == "WORKDIR"]
+    assert workdirs[-1] == "/work"
+    assert "HEALTHCHECK" not in keywords
+
+
+def test_dockerfile_installs_from_the_copied_source() -> None:
+    instructions = dockerfile_instructions()
+    sources = {
+        source.rstrip("/")
+        for keyword, rest in instructions
+        if keyword == "COPY"
+        for source in rest.split()[:-1]
+    }
+    assert {"pyproject.toml", "README.md", "a2a_orchestrator", "roles", "agents"} <= sources
+    runs = [rest for keyword, rest in instructions if keyword == "RUN"]
+    assert any("pip install --no-cache-dir ." in run for run in runs)
+    # Everything the install reads is copied before it.
+    keywords = [keyword for keyword, _ in instructions]
+    install = next(
+        i
+        for i, (keyword, rest) in enumerate(instructions)
+        if keyword == "RUN" and "pip install" in rest
+    )
+    assert max(i for i, k in enumerate(keywords) if k == "COPY") < install
+
+
+def test_dockerignore_keeps_local_state_out() -> None:
+    patterns = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "**/*.db", "**/.a2a", "**/__pycache__"} <= patterns
+    # Nothing the image is built from may be ignored.
+    for needed in ("pyproject.toml", "README.md", "a2a_orchestrator", "roles", "agents"):
+        assert needed not in patterns
