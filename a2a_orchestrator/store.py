@@ -235,7 +235,10 @@ class Store:
 
     async def list_sessions(self) -> list[dict[str, Any]]:
         def rows() -> list[dict[str, Any]]:
-            return [dict(r) for r in self._db["sessions"].rows_where(order_by="created_at")]
+            found = [dict(r) for r in self._db["sessions"].rows_where(order_by="created_at")]
+            for row in found:
+                row["metadata"] = json.loads(row["metadata"] or "{}")
+            return found
 
         return await self._run(rows)
 

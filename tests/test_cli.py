@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -133,3 +134,123 @@ async def test_sigterm_fails_running_tasks_and_they_stay_failed(tmp_path: Path) 
             process.send_signal(signal.SIGTERM)
     assert task.status.state == TaskState.TASK_STATE_FAILED
     assert "shut down" in task.status.message.parts[0].text
+
+
+OFFLINE = {
+    "A2A_MODEL_BASE_URL": "",
+    "A2A_MODEL_API_KEY": "",
+    "OPENAI_BASE_URL": "",
+    "OPENAI_API_KEY": "",
+}
+
+
+def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, **OFFLINE},
+    )
+
+
+def test_demo_runs_offline_end_to_end(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    result = cli("demo", "--workdir", str(work), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "scripted model" in result.stdout and "A2A_MODEL_BASE_URL" in result.stdout
+    assert "signal: TASK_DONE" in result.stdout
+    artifacts = work / ".a2a" / "tasks" / "T1-add-slugify-to-textkit-multiagent"
+    assert sorted(p.name for p in artifacts.iterdir()) == [
+        "architect.txt",
+        "coder.txt",
+        "reviewer.txt",
+    ]
+    assert str(artifacts) in result.stdout
+    # The coder's tests really ran and pass.
+    check = subprocess.run(
+        [sys.executable, "-m", "unittest", "discover", "-s", "tests", "-t", "."],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0 and "Ran 7 tests" in check.stderr
+
+
+def test_run_then_inspect_the_session(tmp_path: Path) -> None:
+    run = cli("run", "Add a hello module", cwd=tmp_path)
+    # No model configured: every role says so and skips; the exit code is the signal.
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "model: scripted (offline)" in run.stdout and "signal: TASK_SKIPPED" in run.stdout
+    session = re.search(r"session ([0-9a-f]{32})", run.stdout).group(1)  # type: ignore[union-attr]
+    status = cli("status", cwd=tmp_path)
+    children = cli("children", session, cwd=tmp_path)
+    events = cli("events", session, cwd=tmp_path)
+    jsonl = cli("events", session, "--jsonl", cwd=tmp_path)
+    stop = cli("stop", session, "--server", "http://127.0.0.1:9", cwd=tmp_path)
+    resume = cli("resume", session, cwd=tmp_path)
+    missing = cli("children", "nope", cwd=tmp_path)
+    assert session in status.stdout and "3 completed" in status.stdout
+    assert [line.split()[1] for line in children.stdout.splitlines()] == [
+        "architect",
+        "coder",
+        "reviewer",
+    ]
+    assert "started" in events.stdout and "done" in events.stdout
+    lines = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert lines[0]["kind"] == "input" and lines[-1]["kind"] == "done"
+    assert stop.returncode == 0 and "stopped 0" in stop.stdout
+    assert resume.returncode == 0 and "nothing to resume" in resume.stdout
+    assert missing.returncode == 2 and "no session 'nope'" in missing.stderr
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_up_starts_the_network_and_stops_it(tmp_path: Path) -> None:
+    ports = free_ports(5)
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    for name, port in zip(("architect", "coder", "reviewer", "observer"), ports, strict=False):
+        (agents / f"{name}.toml").write_text(f'name = "{name}"\nrole = "{name}"\nport = {port}\n')
+    process = subprocess.Popen(
+        [*CLI, "up", "--port", str(ports[4]), "--workdir", str(tmp_path)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **OFFLINE},
+    )
+    try:
+        assert process.stdout is not None
+        lines = []
+        while not lines or "network up" not in lines[-1]:
+            line = process.stdout.readline()
+            assert line, process.stderr.read() if process.stderr else ""
+            lines.append(line)
+        cards = {
+            port: httpx.get(
+                f"http://127.0.0.1:{port}/.well-known/agent-card.json", timeout=5
+            ).json()["name"]
+            for port in ports
+        }
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=40)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert sorted(cards.values()) == ["architect", "coder", "observer", "orchestrator", "reviewer"]
+    assert process.returncode == 0 and "network stopped" in out
+    for port in ports:
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/.well-known/agent-card.json", timeout=2)
