@@ -161,6 +161,14 @@ class ChildRun(Protocol):
         """Offer input to the running turn, absorbed at its next step boundary."""
         ...
 
+    async def interrupt(self) -> None:
+        """End the running turn (as aborted) but keep the conversation for more turns."""
+        ...
+
+    async def history(self) -> list[ChatMessage]:
+        """The child's conversation as chat messages (its live context)."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the run holds (connections); the child itself lives on."""
         ...
@@ -208,6 +216,8 @@ class ChildHandle:
         self._wake = anyio.Event()
         self._closed = False
         self._cancelling = False
+        self.paused = False
+        """Held at its next step boundary by `pause()` until `resume()`."""
 
     # -- what the parent reads --------------------------------------------------
 
@@ -307,9 +317,21 @@ class ChildHandle:
 
     async def pause(self) -> None:
         await self.run.pause()
+        self.paused = True
 
     async def resume(self) -> None:
         await self.run.resume()
+        self.paused = False
+
+    async def interrupt(self) -> bool:
+        """Stop the running turn, keep the conversation; False when no turn ran."""
+        if not self._active:
+            return False
+        await self.run.interrupt()
+        with anyio.move_on_after(_CANCEL_GRACE):
+            while self._active:
+                await self._changed.wait()
+        return True
 
     @property
     def running(self) -> bool:

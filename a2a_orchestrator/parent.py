@@ -1,4 +1,4 @@
-"""A parent agent: the agent runtime with the control-plane tools.
+"""A parent agent: the agent runtime with the control-plane and supervisor tools.
 
 An LLM (or a scripted model) orchestrates by calling `agent`, `agent_manage`,
 `wait_agent`, `send_message` and `agent_abort` (and `spawn_agent`, the
@@ -10,7 +10,7 @@ and children get none unless the nesting depth allows (`max_depth`, default 1).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .control import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_DEPTH, WAIT_BOUNDS_MS, ControlPlane
@@ -22,6 +22,7 @@ from .models.base import ChatMessage, Model
 from .roles import Role, find_role
 from .runtime import Conversation, Emit
 from .session import Session
+from .supervisor import Supervisor, supervisor_tool
 from .tools import Tool
 from .transcript import rebuild_transcript
 
@@ -173,6 +174,8 @@ class ParentAgent:
             hooks=hooks,
             wait_bounds_ms=wait_bounds_ms,
         )
+        self.supervisor = Supervisor(self.plane, start_turn=self.start_turn)
+        tools = {**control_tools(self.plane), "supervisor": supervisor_tool(self.supervisor)}
         agents = ", ".join(
             f"{spec.name} ({spec.role}{', remote' if spec.remote else ''})"
             for spec in session.network.agents.values()
@@ -182,7 +185,7 @@ class ParentAgent:
             self.role.with_overrides(prompt=prompt),
             model,
             session.workspace,
-            extra_tools=control_tools(self.plane),
+            extra_tools=tools,
             messages=messages,
         )
         self.plane.inbox = self.conversation
@@ -223,5 +226,18 @@ class ParentAgent:
 
         return await self.conversation.run(text, record)
 
-    def tools(self) -> Mapping[str, Tool]:
-        return control_tools(self.plane)
+    async def start_turn(self, text: str) -> None:
+        """Give the parent `text` now: a new turn if it is idle (in the session's
+        task group, not blocking the caller), else its inbox for its next step."""
+        if self.conversation.running:
+            self.conversation.steer(text)
+            return
+
+        async def turn() -> None:
+            await self.run(text)
+
+        self.session.start_soon(turn, name="parent turn")
+
+    def close(self) -> None:
+        self.supervisor.close()
+        self.plane.close()

@@ -22,7 +22,7 @@ import enum
 import math
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -126,6 +126,10 @@ class Session:
         if self._state is not _State.OPENED or self._tg is None:
             raise RuntimeError(f"the session is {self._state.value}; use it inside `async with`")
         return self._tg
+
+    def start_soon(self, fn: Callable[[], Coroutine[Any, Any, Any]], name: str = "") -> None:
+        """Run `fn` in the session's task group (it ends with the session)."""
+        self._opened().start_soon(fn, name=name or None)
 
     @property
     def remote(self) -> RemoteDelegate:

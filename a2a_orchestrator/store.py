@@ -97,6 +97,23 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     db["events"].create_index(["child_id", "seq"])  # type: ignore[union-attr]
 
 
+@MIGRATIONS()
+def m002_subscriptions(db: sqlite_utils.Database) -> None:
+    # Supervisor subscriptions outlive the process that made them.
+    db["subscriptions"].create(  # type: ignore[union-attr]
+        {
+            "id": str,
+            "session_id": str,
+            "parent_id": str,
+            "spec": str,
+            "created_at": float,
+        },
+        pk="id",
+        foreign_keys=[("session_id", "sessions", "id")],
+    )
+    db["subscriptions"].create_index(["session_id", "parent_id"])  # type: ignore[union-attr]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChildRecord:
     """One row of the children table."""
@@ -285,6 +302,39 @@ class Store:
                 ChildRecord.from_row(r)
                 for r in self._db["children"].rows_where(where, params, order_by="created_at")
             ]
+
+        return await self._run(rows)
+
+    # -- subscriptions --------------------------------------------------------
+
+    async def put_subscription(
+        self, subscription_id: str, session_id: str, parent_id: str, spec: Mapping[str, Any]
+    ) -> None:
+        row = {
+            "id": subscription_id,
+            "session_id": session_id,
+            "parent_id": parent_id,
+            "spec": json.dumps(dict(spec)),
+            "created_at": time.time(),
+        }
+        await self._run(lambda: self._db["subscriptions"].insert(row, replace=True))  # type: ignore[union-attr]
+
+    async def delete_subscription(self, subscription_id: str) -> bool:
+        def delete() -> bool:
+            with self._db.conn:
+                cursor = self._db.conn.execute(
+                    "DELETE FROM subscriptions WHERE id = ?", (subscription_id,)
+                )
+            return cursor.rowcount > 0
+
+        return await self._run(delete)
+
+    async def subscriptions(self, session_id: str, parent_id: str) -> list[dict[str, Any]]:
+        def rows() -> list[dict[str, Any]]:
+            found = self._db["subscriptions"].rows_where(
+                "session_id = ? AND parent_id = ?", [session_id, parent_id], order_by="created_at"
+            )
+            return [{"id": r["id"], **json.loads(r["spec"])} for r in found]
 
         return await self._run(rows)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..delegation import CANCELED_TEXT, ChildConfig, Emit
 from ..events import ChildEvent
 from ..executor import apply_child_config, role_conversation
-from ..models.base import Model
+from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
 from ..roles import find_role
 from ..runtime import Conversation
@@ -60,6 +60,13 @@ class LocalRun:
 
     async def steer(self, text: str) -> None:
         self.conversation.steer(text)
+
+    async def interrupt(self) -> None:
+        self.conversation.resume()
+        self.conversation.abort("aborted", "interrupted by the parent")
+
+    async def history(self) -> list[ChatMessage]:
+        return [dict(m) for m in self.conversation.messages]
 
     async def aclose(self) -> None:
         self.conversation.abort("lost", "the orchestrator stopped while this child ran")

@@ -49,8 +49,15 @@ from a2a.utils.errors import A2AError
 from ..delegation import ChildConfig, Emit
 from ..errors import AgentUnavailableError, DelegationError, DelegationTimeoutError, ProtocolError
 from ..events import Failed
+from ..models.base import ChatMessage
 from ..network import AgentSpec
-from ..wire import CONFIG_KEY, CONTROL_EXTENSION, CONTROL_KEY, StreamDecoder
+from ..wire import (
+    CONFIG_KEY,
+    CONTROL_EXTENSION,
+    CONTROL_KEY,
+    StreamDecoder,
+    transcript_from_history,
+)
 
 __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 
@@ -267,6 +274,14 @@ class RemoteRun:
 
     async def steer(self, text: str) -> None:
         await self._control("steer", text)
+
+    async def history(self) -> list[ChatMessage]:
+        """The task's conversation, read back from its history with GetTask."""
+        if not self.task_id:
+            return []
+        with _translated(self.url):
+            task = await self.client.get_task(GetTaskRequest(id=self.task_id))
+        return transcript_from_history(task, "")
 
     async def aclose(self) -> None:
         await self.client.close()

@@ -1,0 +1,477 @@
+"""The supervisor: a parent watches its children's events and steps in (agent_os).
+
+One tool, `supervisor`, with an `action`: spawn, subscribe, unsubscribe,
+subscriptions, send, pause, resume, stop, status, session. Also a Python API
+(`Supervisor`), and declarative rules without a parent agent (`reactions.py`).
+
+A subscription selects events (`{kind?, tool?, success?, contains?}`) of one
+child or of any direct child (optionally of one role). When one matches:
+the child is paused first if `pause_child`; the `inject` template is rendered
+in a Jinja sandbox with `event` in its context and put into the parent's
+context (its transcript, then its inbox; with `run_turn` a parent that is
+idle starts a turn on it at once, otherwise it sees it at its next step);
+the child is resumed right after if `resume_after`; a `once` subscription is
+then removed. Subscriptions are stored, so they outlive a restart.
+
+Operations on one child are allowed only to its direct parent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import SandboxedEnvironment
+
+from .control import ControlPlane
+from .delegation import ChildHandle
+from .errors import ControlError, ToolError, UnknownChildError
+from .events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    InputRequired,
+    ToolCalled,
+    ToolResult,
+    event_to_dict,
+    new_uuid,
+)
+from .tools import Tool
+from .view import describe_event
+
+__all__ = [
+    "EVENT_KINDS",
+    "STOP_SIGNALS",
+    "Selector",
+    "Subscription",
+    "Supervisor",
+    "event_context",
+    "render_inject",
+    "supervisor_tool",
+]
+
+EVENT_KINDS = {
+    "tool_call": "tool_called",
+    "tool_result": "tool_result",
+    "message": "message",
+    "input_required": "input_required",
+    "done": "done",
+    "failed": "failed",
+    "error": "failed",
+}
+"""Selector kinds and the child event kinds they select (`error`: a failure
+whose reason is an error, not a budget, an abort or a timeout)."""
+STOP_SIGNALS = ("pause", "interrupt", "terminate")
+SESSION_LIMIT = 50
+
+_SANDBOX = SandboxedEnvironment(autoescape=False, undefined=jinja2.ChainableUndefined)
+
+
+def event_context(handle: ChildHandle, event: ChildEvent) -> dict[str, Any]:
+    """What a template sees as `event`: the event's fields, its child, and `content`."""
+    context = event_to_dict(event)
+    context.pop("uuid", None)
+    kind = next((k for k, v in EVENT_KINDS.items() if v == event.kind and k != "error"), event.kind)
+    context.update(kind=kind, child=handle.child_id, pid=handle.child_id, role=handle.role)
+    match event:
+        case ToolResult(output=output):
+            context["content"] = output
+        case ToolCalled(arguments=arguments):
+            context["content"] = json.dumps(arguments, ensure_ascii=False)
+        case AssistantMessage(text=text) | Done(text=text):
+            context["content"] = text
+        case InputRequired(question=question):
+            context["content"] = question
+        case Failed(message=message):
+            context["content"] = message
+        case _:
+            context["content"] = ""
+    return context
+
+
+def render_inject(template: str, context: Mapping[str, Any]) -> str:
+    """Render an inject template in the sandbox; errors say what is wrong."""
+    try:
+        return _SANDBOX.from_string(template).render(event=context)
+    except jinja2.TemplateError as exc:
+        raise ControlError(f"inject template: {exc}") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selector:
+    """Which events a subscription takes; every field given must match."""
+
+    kind: str | None = None
+    tool: str | None = None
+    success: bool | None = None
+    contains: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Selector:
+        data = dict(data or {})
+        unknown = set(data) - {"kind", "tool", "success", "contains"}
+        if unknown:
+            raise ControlError(f"event selector: unknown field(s) {sorted(unknown)}")
+        kind = data.get("kind")
+        if kind is not None and kind not in EVENT_KINDS:
+            raise ControlError(f"event selector: kind must be one of {', '.join(EVENT_KINDS)}")
+        success = data.get("success")
+        if success is not None and not isinstance(success, bool):
+            raise ControlError("event selector: success must be true or false")
+        return cls(kind=kind, tool=data.get("tool"), success=success, contains=data.get("contains"))
+
+    def matches(self, handle: ChildHandle, event: ChildEvent) -> bool:
+        if self.kind is not None:
+            if event.kind != EVENT_KINDS[self.kind]:
+                return False
+            if self.kind == "error" and not (isinstance(event, Failed) and event.reason == "error"):
+                return False
+        if self.tool is not None and getattr(event, "tool", None) != self.tool:
+            return False
+        if self.success is not None and getattr(event, "success", None) is not self.success:
+            return False
+        if self.contains is not None:
+            return self.contains in str(event_context(handle, event)["content"])
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Subscription:
+    id: str
+    inject: str
+    event: Selector = field(default_factory=Selector)
+    child: str | None = None
+    role: str | None = None
+    pause_child: bool = False
+    resume_after: bool = False
+    run_turn: bool = False
+    once: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["event"] = {k: v for k, v in asdict(self.event).items() if v is not None}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Subscription:
+        fields = dict(data)
+        fields["event"] = Selector.from_dict(fields.get("event"))
+        return cls(**fields)
+
+
+class Supervisor:
+    """A parent's supervision of its direct children (see the module docstring)."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        *,
+        start_turn: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """`start_turn(text)` gives the parent the injected text: a new turn if
+        it is idle, its inbox if not. Without it, injections wait in the
+        parent's inbox for its next turn."""
+        self.plane = plane
+        self.session = plane.session
+        self.start_turn = start_turn
+        self._subscriptions: dict[str, Subscription] = {}
+        self._loaded = False
+        self._remove = self.session.add_listener(self._on_event)
+
+    def close(self) -> None:
+        self._remove()
+
+    async def load(self) -> None:
+        """Read this parent's stored subscriptions (they survive restarts)."""
+        for data in await self.session.store.subscriptions(self.session.id, self.plane.parent_id):
+            subscription = Subscription.from_dict(data)
+            self._subscriptions.setdefault(subscription.id, subscription)
+        self._loaded = True
+
+    # -- the tool's actions ----------------------------------------------------------
+
+    async def act(self, action: str, fields: Mapping[str, Any]) -> Any:
+        """Dispatch one `supervisor` tool call."""
+        if not self._loaded:
+            await self.load()
+        handlers: dict[str, Callable[..., Awaitable[Any]]] = {
+            "spawn": self.spawn,
+            "subscribe": self.subscribe,
+            "unsubscribe": self.unsubscribe,
+            "subscriptions": self.subscriptions,
+            "send": self.send,
+            "pause": self.pause,
+            "resume": self.resume,
+            "stop": self.stop,
+            "status": self.status,
+            "session": self.session_messages,
+        }
+        handler = handlers.get(action)
+        if handler is None:
+            raise ControlError(f"unknown action {action!r}; actions: {', '.join(handlers)}")
+        try:
+            return await handler(**fields)
+        except TypeError as exc:
+            raise ControlError(f"{action}: {exc}") from exc
+
+    async def spawn(
+        self, template: str, task: str | None = None, session_key: str | None = None
+    ) -> dict[str, Any]:
+        """Start a child of `template` (an agent or role) without waiting; its pid.
+
+        With `session_key`, the child spawned before under that key (this
+        session, this parent) is reused, and `task` becomes its next turn.
+        """
+        if session_key:
+            records = await self.session.store.list_children(
+                session_id=self.session.id, parent_id=self.plane.parent_id
+            )
+            for record in records:
+                if record.config.get("metadata", {}).get("session_key") == session_key:
+                    handle = await self.session.child(record.child_id)
+                    if task:
+                        await handle.send(task)
+                    return {"pid": handle.child_id, "reused": True}
+        handle = await self.plane.spawn_agent(
+            template,
+            task or "Wait for instructions.",
+            metadata={"session_key": session_key} if session_key else {},
+        )
+        return {"pid": handle.child_id}
+
+    async def subscribe(
+        self,
+        inject: str,
+        event: Mapping[str, Any] | None = None,
+        child: str | None = None,
+        role: str | None = None,
+        pause_child: bool = False,
+        resume_after: bool = False,
+        run_turn: bool = False,
+        once: bool = False,
+    ) -> dict[str, Any]:
+        if child is not None:
+            await self._direct(child)
+        render_inject(inject, {})  # a template that does not parse fails now
+        subscription = Subscription(
+            id=new_uuid()[:12],
+            inject=inject,
+            event=Selector.from_dict(event),
+            child=child,
+            role=role,
+            pause_child=bool(pause_child),
+            resume_after=bool(resume_after),
+            run_turn=bool(run_turn),
+            once=bool(once),
+        )
+        await self.session.store.put_subscription(
+            subscription.id, self.session.id, self.plane.parent_id, _spec(subscription)
+        )
+        self._subscriptions[subscription.id] = subscription
+        return {"id": subscription.id}
+
+    async def unsubscribe(self, id: str) -> dict[str, Any]:
+        removed = self._subscriptions.pop(id, None) is not None
+        removed = await self.session.store.delete_subscription(id) or removed
+        if not removed:
+            raise ControlError(f"no subscription {id!r}")
+        return {"removed": id}
+
+    async def subscriptions(self) -> list[dict[str, Any]]:
+        return [s.to_dict() for s in self._subscriptions.values()]
+
+    async def send(self, pid: str, content: str, role: str = "user") -> dict[str, Any]:
+        """Put a message into the child's context (a new turn if it is idle)."""
+        await self._direct(pid)
+        text = content if role == "user" else f"[{role}] {content}"
+        return await self.plane.send_message(pid, text)
+
+    async def pause(self, pid: str) -> dict[str, Any]:
+        handle = await self._direct(pid)
+        await handle.pause()
+        await self._record(handle, "pause")
+        return {"pid": pid, "paused": True}
+
+    async def resume(self, pid: str) -> dict[str, Any]:
+        handle = await self._direct(pid)
+        await handle.resume()
+        await self._record(handle, "resume")
+        return {"pid": pid, "paused": False}
+
+    async def stop(self, pid: str, signal: str = "interrupt") -> dict[str, Any]:
+        """`pause`; `interrupt` (end the turn, keep the conversation); `terminate`."""
+        if signal not in STOP_SIGNALS:
+            raise ControlError(f"signal must be one of {', '.join(STOP_SIGNALS)}")
+        handle = await self._direct(pid)
+        if signal == "pause":
+            return await self.pause(pid)
+        if signal == "interrupt":
+            stopped = await handle.interrupt()
+        else:
+            stopped = await handle.cancel()
+        await self._record(handle, signal)
+        return {"pid": pid, "signal": signal, "stopped": stopped}
+
+    async def status(self, pid: str) -> dict[str, Any]:
+        handle = await self._direct(pid)
+        last = handle.log[-1] if handle.log else None
+        return {
+            "pid": pid,
+            "agent": handle.agent,
+            "role": handle.role,
+            "transport": handle.transport,
+            "status": handle.status,
+            "running": handle.running,
+            "paused": handle.paused,
+            "events": len(handle.log),
+            "last_event": describe_event(last) if last is not None else None,
+        }
+
+    async def session_messages(self, pid: str, limit: int = SESSION_LIMIT) -> dict[str, Any]:
+        """The child's live context: its last `limit` messages."""
+        handle = await self._direct(pid)
+        messages = await handle.run.history()
+        keep = ("role", "content", "tool_call_id", "tool_calls")
+        window = messages[-max(1, int(limit)) :]
+        return {"pid": pid, "messages": [{k: m[k] for k in keep if k in m} for m in window]}
+
+    # -- matching ---------------------------------------------------------------
+
+    async def _direct(self, pid: str) -> ChildHandle:
+        try:
+            return await self.plane._child(pid)
+        except UnknownChildError:
+            record = await self.session.store.get_child(pid)
+            if record is not None and record.session_id == self.session.id:
+                raise ControlError(
+                    f"{pid} is not a direct child of this parent; only its parent may act on it"
+                ) from None
+            raise
+
+    async def _record(self, handle: ChildHandle, action: str) -> None:
+        await self.session.store.append_event(
+            self.session.id, "control", {"action": action}, child_id=handle.child_id
+        )
+
+    async def _on_event(self, handle: ChildHandle, event: ChildEvent) -> None:
+        if handle.parent_id != self.plane.parent_id or not self._subscriptions:
+            return
+        for subscription in list(self._subscriptions.values()):
+            if subscription.child is not None and subscription.child != handle.child_id:
+                continue
+            if subscription.role is not None and subscription.role not in (
+                handle.role,
+                handle.agent,
+            ):
+                continue
+            if not subscription.event.matches(handle, event):
+                continue
+            await self._fire(subscription, handle, event)
+
+    async def _fire(
+        self, subscription: Subscription, handle: ChildHandle, event: ChildEvent
+    ) -> None:
+        if subscription.once:
+            # Removed before acting, so a second match while this one runs cannot fire it again.
+            self._subscriptions.pop(subscription.id, None)
+            await self.session.store.delete_subscription(subscription.id)
+        if subscription.pause_child:
+            await handle.pause()
+            await self._record(handle, "pause")
+        text = render_inject(subscription.inject, event_context(handle, event))
+        await self.inject(text, subscription=subscription.id, child_id=handle.child_id)
+        if subscription.run_turn and self.start_turn is not None:
+            await self.start_turn(text)
+        elif self.plane.inbox is not None:
+            self.plane.inbox.steer(text)
+        if subscription.resume_after:
+            await handle.resume()
+            await self._record(handle, "resume")
+
+    async def inject(self, text: str, *, subscription: str = "", child_id: str = "") -> None:
+        """Record an injection in the parent's transcript."""
+        await self.session.store.append_event(
+            self.session.id,
+            "inject",
+            {"text": text, "subscription": subscription, "from_child": child_id},
+            child_id=self.plane.parent_id or None,
+        )
+
+
+def _spec(subscription: Subscription) -> dict[str, Any]:
+    data = subscription.to_dict()
+    data.pop("id")
+    return data
+
+
+SUPERVISOR_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {
+            "type": "string",
+            "enum": [
+                "spawn",
+                "subscribe",
+                "unsubscribe",
+                "subscriptions",
+                "send",
+                "pause",
+                "resume",
+                "stop",
+                "status",
+                "session",
+            ],
+        },
+        "template": {"type": "string", "description": "spawn: the agent or role to start"},
+        "task": {"type": "string", "description": "spawn: its task"},
+        "session_key": {"type": "string", "description": "spawn: reuse the child with this key"},
+        "event": {
+            "type": "object",
+            "description": "subscribe: selector {kind, tool, success, contains}; kind is one of "
+            + ", ".join(EVENT_KINDS),
+        },
+        "inject": {
+            "type": "string",
+            "description": "subscribe: Jinja template put into your context, e.g. "
+            "'Failed: {{ event.content }}'",
+        },
+        "child": {"type": "string", "description": "subscribe: only this pid"},
+        "role": {"type": "string", "description": "subscribe: only children of this role"},
+        "pause_child": {"type": "boolean"},
+        "resume_after": {"type": "boolean"},
+        "run_turn": {"type": "boolean"},
+        "once": {"type": "boolean"},
+        "id": {"type": "string", "description": "unsubscribe: the subscription id"},
+        "pid": {"type": "string", "description": "the child's pid"},
+        "content": {"type": "string", "description": "send: the message"},
+        "signal": {"type": "string", "enum": list(STOP_SIGNALS)},
+        "limit": {"type": "integer", "description": "session: how many messages (50)"},
+    },
+    "required": ["action"],
+}
+
+
+def supervisor_tool(supervisor: Supervisor) -> Tool:
+    """The one `supervisor` tool over a `Supervisor`."""
+
+    async def run(arguments: dict[str, Any]) -> str:
+        fields = dict(arguments)
+        action = str(fields.pop("action", ""))
+        try:
+            result = await supervisor.act(action, fields)
+        except ControlError as exc:
+            raise ToolError(str(exc)) from exc
+        return json.dumps(result, ensure_ascii=False, indent=1)
+
+    return Tool(
+        name="supervisor",
+        description="Supervise your sub-agents: spawn them, subscribe to their events "
+        "(injected into your context when they match), message, pause, resume or stop "
+        "them, read their status and their live context.",
+        parameters=SUPERVISOR_PARAMETERS,
+        run=run,
+    )
