@@ -390,21 +390,24 @@ class ChildHandle:
         # carries the uuid it had the first time.
         if event.uuid in self._uuids:
             return
-        # Stored first: a crash after this line loses no result.
-        if self._sink is not None and not await self._sink(self, event):
+        # Shielded: an abort of the turn that emits this event must not tear
+        # its recording apart (stored but not logged, delivered but not told).
+        with anyio.CancelScope(shield=True):
+            # Stored first: a crash after this line loses no result.
+            if self._sink is not None and not await self._sink(self, event):
+                self._uuids.add(event.uuid)
+                return
             self._uuids.add(event.uuid)
-            return
-        self._uuids.add(event.uuid)
-        self._log.append(event)
-        if isinstance(event, Done):
-            self._set_status("completed")
-        elif isinstance(event, Failed):
-            self._set_status("failed")
-        elif isinstance(event, InputRequired):
-            self._set_status("input_required")
-        if self._on_event is not None:
-            await self._on_event(self, event)
-        self._notify()
+            self._log.append(event)
+            if isinstance(event, Done):
+                self._set_status("completed")
+            elif isinstance(event, Failed):
+                self._set_status("failed")
+            elif isinstance(event, InputRequired):
+                self._set_status("input_required")
+            if self._on_event is not None:
+                await self._on_event(self, event)
+            self._notify()
 
     def _set_status(self, status: ChildStatus) -> None:
         self._status = status

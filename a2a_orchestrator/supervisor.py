@@ -19,11 +19,13 @@ Operations on one child are allowed only to its direct parent.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import jinja2
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
 from .control import ControlPlane
@@ -68,7 +70,20 @@ whose reason is an error, not a budget, an abort or a timeout)."""
 STOP_SIGNALS = ("pause", "interrupt", "terminate")
 SESSION_LIMIT = 50
 
-_SANDBOX = SandboxedEnvironment(autoescape=False, undefined=jinja2.ChainableUndefined)
+logger = logging.getLogger(__name__)
+
+
+class _Undefined(jinja2.ChainableUndefined):
+    """A missing field renders empty (events differ in their fields); an unsafe
+    attribute fails at once instead of rendering empty the same way."""
+
+    def __init__(self, hint: str | None = None, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("exc") is SecurityError:
+            raise SecurityError(hint or "unsafe access in an inject template")
+        super().__init__(hint, *args, **kwargs)
+
+
+_SANDBOX = SandboxedEnvironment(autoescape=False, undefined=_Undefined)
 
 
 def event_context(handle: ChildHandle, event: ChildEvent) -> dict[str, Any]:
@@ -382,12 +397,24 @@ class Supervisor:
         if subscription.pause_child:
             await handle.pause()
             await self._record(handle, "pause")
-        text = render_inject(subscription.inject, event_context(handle, event))
-        await self.inject(text, subscription=subscription.id, child_id=handle.child_id)
-        if subscription.run_turn and self.start_turn is not None:
-            await self.start_turn(text)
-        elif self.plane.inbox is not None:
-            self.plane.inbox.steer(text)
+        try:
+            text = render_inject(subscription.inject, event_context(handle, event))
+        except ControlError as exc:
+            # A template that fails on this event must not fail the child:
+            # record why, and leave the parent's context alone.
+            logger.warning("subscription %s: %s", subscription.id, exc)
+            await self.session.store.append_event(
+                self.session.id,
+                "inject_failed",
+                {"subscription": subscription.id, "error": str(exc), "from_child": handle.child_id},
+                child_id=self.plane.parent_id or None,
+            )
+        else:
+            await self.inject(text, subscription=subscription.id, child_id=handle.child_id)
+            if subscription.run_turn and self.start_turn is not None:
+                await self.start_turn(text)
+            elif self.plane.inbox is not None:
+                self.plane.inbox.steer(text)
         if subscription.resume_after:
             await handle.resume()
             await self._record(handle, "resume")
