@@ -39,6 +39,14 @@ from .models import resolve_model as resolve_model
 from .network import AgentSpec as AgentSpec
 from .network import Network as Network
 from .parent import ParentAgent as ParentAgent
+from .pipeline import Brief as Brief
+from .pipeline import PassOptions as PassOptions
+from .pipeline import Pipeline as Pipeline
+from .pipeline import PipelineError as PipelineError
+from .pipeline import PipelineResult as PipelineResult
+from .pipeline import TaskSpec as TaskSpec
+from .reactions import Reactions as Reactions
+from .reactions import load_reactions as load_reactions
 from .roles import Role as Role
 from .roles import find_role as find_role
 from .roles import list_roles as list_roles
@@ -49,6 +57,7 @@ from .server import run_role_server as run_role_server
 from .session import RelayedEvent as RelayedEvent
 from .session import Session as Session
 from .store import Store as Store
+from .supervisor import Supervisor as Supervisor
 from .tools import Tool as Tool
 from .tools import Workspace as Workspace
 from .tools import build_tools as build_tools
@@ -57,6 +66,7 @@ __all__ = [
     "AgentSpec",
     "AgentUnavailableError",
     "AssistantMessage",
+    "Brief",
     "ChildConfig",
     "ChildEvent",
     "ChildHandle",
@@ -78,8 +88,13 @@ __all__ = [
     "OpenAIModel",
     "OrchestratorError",
     "ParentAgent",
+    "PassOptions",
     "PathOutsideWorkdirError",
+    "Pipeline",
+    "PipelineError",
+    "PipelineResult",
     "ProtocolError",
+    "Reactions",
     "RelayedEvent",
     "Role",
     "RoleExecutor",
@@ -89,6 +104,8 @@ __all__ = [
     "Session",
     "Started",
     "Store",
+    "Supervisor",
+    "TaskSpec",
     "Tool",
     "ToolCalled",
     "ToolError",
@@ -100,6 +117,7 @@ __all__ = [
     "build_tools",
     "find_role",
     "list_roles",
+    "load_reactions",
     "resolve_model",
     "run_role_server",
 ]

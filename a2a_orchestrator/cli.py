@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a task through the network in this process",
         description="Run TASK with the architect -> coder -> reviewer pipeline (default) or a "
         "parent agent, showing the network live; the exit code is the task's signal "
-        "(TASK_DONE 0, TASK_FAILED 1, TASK_SKIPPED 3).",
+        "(TASK_DONE 0, TASK_FAILED 1, TASK_SKIPPED 3). Hooks and reactions are read from "
+        ".a2a/hooks.toml and .a2a/reactions.toml in the work directory.",
     )
     run.add_argument("task", metavar="TASK", help="what to do")
     run.add_argument("--workdir", type=Path, default=Path("."), help="the project directory")
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--pipeline", action="store_true", help="architect -> coder -> reviewer")
     mode.add_argument(
         "--parent", action="store_true", help="a parent agent that delegates with its tools"
+    )
+    run.add_argument(
+        "--role",
+        default="orchestrator",
+        help="with --parent: the parent's role (orchestrator, observer, or your own)",
     )
     run.add_argument("--session", default=None, help="session id (default: a new one)")
     run.add_argument("--review-rounds", type=int, default=1, help="reviews before giving up")

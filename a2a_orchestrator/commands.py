@@ -10,15 +10,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
+from .control import ControlPlane
 from .delegation import CANCELED_TEXT, ChildConfig
 from .errors import OrchestratorError
 from .events import ChildEvent, Done, Failed, event_from_dict, event_to_dict
 from .hooks import Hooks, load_hook_file
 from .models import ModelSettings, describe_model, is_scripted, resolve_model
 from .network import AgentSpec, Network
-from .pipeline import Brief, Pipeline, PipelineError, Signal, TaskSpec, extract_signal
+from .parent import ParentAgent
+from .pipeline import (
+    Brief,
+    PassOptions,
+    Pipeline,
+    PipelineError,
+    Signal,
+    TaskSpec,
+    extract_signal,
+)
+from .reactions import Reaction, Reactions, load_reactions
 from .roles import find_role
 from .server import run_role_server
 from .session import Session
@@ -99,50 +111,90 @@ async def _demo(args: argparse.Namespace) -> int:
     return EXIT_CODES[result.signal]
 
 
+def _reaction_rules(workdir: Path) -> list[Reaction]:
+    path = workdir / ".a2a" / "reactions.toml"
+    return load_reactions(path) if path.exists() else []
+
+
+def _reactions(plane: ControlPlane, rules: list[Reaction]) -> Reactions | None:
+    return Reactions(plane, rules) if rules else None
+
+
 async def _run(args: argparse.Namespace) -> int:
     workdir = workdir_of(args.workdir)
     settings, models = _settings_and_models()
     _model_notice(settings)
+    # Configuration is read before anything starts, so a bad file is a clear error.
     hooks = _hooks(args.hooks, workdir)
+    rules = _reaction_rules(workdir)
     store = Store(args.store)
     async with Session(
         store, workdir=workdir, models=models, session_id=args.session, title=args.task
     ) as session:
         say(f"session {session.id}  (a2a-orchestrator events {session.id})")
         if args.parent:
-            from .parent import ParentAgent
-
-            parent = await ParentAgent.restore(session, models("default"), hooks=hooks)
-            tree = LiveTree(f"parent agent  session {session.id[:8]}")
-
-            async def show(event: ChildEvent) -> None:
-                if event.kind != "message_delta":
-                    say(f"[orchestrator] {describe_event(event)}")
-
-            async with session.relay() as relay:
-                outcome = await tree.follow_while(relay, parent.run(args.task, show))
-            text = outcome.text if isinstance(outcome, Done) else getattr(outcome, "message", "")
-            say("\n" + text)
-            if isinstance(outcome, Failed):
-                return 1
-            return EXIT_CODES[extract_signal(text) or "TASK_DONE"]
+            return await _run_parent(args, session, models, hooks, rules)
+        plane = ControlPlane(session, hooks=hooks)
+        reactions = _reactions(plane, rules)
         brief = Brief(task=TaskSpec(id=session.id[:8], title=args.task[:80], description=args.task))
         tree = LiveTree(
             f"pipeline  session {session.id[:8]}", expected=["architect", "coder", "reviewer"]
         )
         try:
             async with session.relay() as relay:
-                from .pipeline import PassOptions
-
                 pipeline = Pipeline(session, brief, PassOptions(review_rounds=args.review_rounds))
                 result = await tree.follow_while(relay, pipeline.run())
         except PipelineError as exc:
             say(f"\npipeline failed: {exc}")
             return 1
+        finally:
+            if reactions is not None:
+                reactions.close()
+            plane.close()
         if not tree.live:
             tree.draw()
         say(f"\nsignal: {result.signal}   artifacts: {workdir / result.artifact_dir}")
         return EXIT_CODES[result.signal]
+
+
+async def _run_parent(
+    args: argparse.Namespace,
+    session: Session,
+    models: Any,
+    hooks: Hooks,
+    rules: list[Reaction],
+) -> int:
+    """A parent agent's turn, then whatever it set going: its children, and the
+    turns their events start in it (an observer's injections), until all rest."""
+    parent = await ParentAgent.restore(session, models("default"), role=args.role, hooks=hooks)
+    reactions = _reactions(parent.plane, rules)
+    tree = LiveTree(f"{args.role}  session {session.id[:8]}")
+
+    async def show(event: ChildEvent) -> None:
+        if event.kind != "message_delta":
+            say(f"[{args.role}] {describe_event(event)}")
+
+    parent.emit = show
+
+    async def everything() -> ChildEvent | None:
+        await parent.run(args.task)
+        while parent.conversation.running or any(h.running for h in session.children.values()):
+            await session.wait_all()
+            await anyio.sleep(0.05)
+        return parent.last
+
+    try:
+        async with session.relay() as relay:
+            outcome = await tree.follow_while(relay, everything())
+    finally:
+        if reactions is not None:
+            reactions.close()
+        parent.close()
+    text = outcome.text if isinstance(outcome, Done) else getattr(outcome, "message", "")
+    say("\n" + text)
+    if not isinstance(outcome, Done):
+        return 1
+    return EXIT_CODES[extract_signal(text) or "TASK_DONE"]
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -170,6 +222,7 @@ async def _serve(args: argparse.Namespace) -> int:
             models=models,
             db=db,
             hooks=_hooks(None, workdir),
+            reactions=_reaction_rules(workdir),
             **common,
         )
         name = "orchestrator"

@@ -20,7 +20,7 @@ latest, when the server stops.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from .models.base import Model
 from .network import Network
 from .parent import ParentAgent
 from .pipeline import Brief, Pipeline, PipelineError, TaskSpec
+from .reactions import Reaction, Reactions
 from .server import (
     RunningServer,
     agent_card,
@@ -155,10 +156,12 @@ class OrchestratorExecutor(AgentExecutor):
         models: Callable[[str], Model],
         parent_model: str = "default",
         hooks: Hooks | None = None,
+        reactions: Sequence[Reaction] = (),
         max_concurrent: int = 4,
         lost_after: float = 30.0,
     ) -> None:
         self.store = store
+        self.reactions = list(reactions)
         self.network = network
         self.models = models
         self.parent_model = parent_model
@@ -166,6 +169,7 @@ class OrchestratorExecutor(AgentExecutor):
         self.max_concurrent = max_concurrent
         self.planes: dict[str, ControlPlane] = {}
         self._runs: dict[str, Pipeline | ParentAgent] = {}
+        self._reacting: dict[str, Reactions] = {}
         self.host = _Host(
             lambda session_id: Session(
                 store,
@@ -223,6 +227,9 @@ class OrchestratorExecutor(AgentExecutor):
                 tg.cancel_scope.cancel()
         if mode == "pipeline" or not any(h.running for h in session.children.values()):
             self.planes.pop(context_id, None)
+            reactions = self._reacting.pop(context_id, None)
+            if reactions is not None:
+                reactions.close()
             self.host.release(context_id)
 
     async def _forward(
@@ -249,7 +256,8 @@ class OrchestratorExecutor(AgentExecutor):
     async def _pipeline(
         self, session: Session, task_id: str, text: str, emit: Callable[[ChildEvent], Any]
     ) -> None:
-        self.planes[session.id] = ControlPlane(session, hooks=self.hooks)
+        plane = self.planes[session.id] = ControlPlane(session, hooks=self.hooks)
+        self._react(plane)
         title = text.strip().splitlines()[0][:80] if text.strip() else "task"
         brief = Brief(task=TaskSpec(id=task_id[:8], title=title, description=text))
         pipeline = Pipeline(session, brief)
@@ -278,8 +286,14 @@ class OrchestratorExecutor(AgentExecutor):
             max_concurrent=self.max_concurrent,
         )
         self.planes[session.id] = parent.plane
+        self._react(parent.plane)
         self._runs[task_id] = parent
         await parent.run(text, emit)
+
+    def _react(self, plane: ControlPlane) -> None:
+        """Attach the configured reactions to a session's root parent (once)."""
+        if self.reactions and plane.session.id not in self._reacting:
+            self._reacting[plane.session.id] = Reactions(plane, self.reactions)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         run = self._runs.get(context.task_id or "")
@@ -308,6 +322,7 @@ async def run_orchestrator_server(
     token: str | None = None,
     public_url: str | None = None,
     hooks: Hooks | None = None,
+    reactions: Sequence[Reaction] = (),
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits."""
@@ -315,7 +330,7 @@ async def run_orchestrator_server(
     url = public_url_for(host, sock.getsockname()[1], public_url)
     store = Store(store_path)
     executor = OrchestratorExecutor(
-        store, workdir=workdir, network=network, models=models, hooks=hooks
+        store, workdir=workdir, network=network, models=models, hooks=hooks, reactions=reactions
     )
     app = build_app(
         executor,

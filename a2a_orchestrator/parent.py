@@ -189,6 +189,11 @@ class ParentAgent:
             messages=messages,
         )
         self.plane.inbox = self.conversation
+        self.emit: Emit | None = None
+        """Where the parent's own events go besides the store (a view), for
+        turns started by `start_turn` as well as by `run`."""
+        self.last: ChildEvent | None = None
+        """How the parent's latest turn ended."""
 
     @classmethod
     async def restore(cls, session: Session, model: Model, **kwargs: Any) -> ParentAgent:
@@ -221,10 +226,12 @@ class ParentAgent:
                 await store.append_event(
                     self.session.id, event.kind, event_to_dict(event), uuid=event.uuid
                 )
-            if emit is not None:
-                await emit(event)
+            target = emit or self.emit
+            if target is not None:
+                await target(event)
 
-        return await self.conversation.run(text, record)
+        self.last = await self.conversation.run(text, record)
+        return self.last
 
     async def start_turn(self, text: str) -> None:
         """Give the parent `text` now: a new turn if it is idle (in the session's

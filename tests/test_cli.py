@@ -254,3 +254,23 @@ def test_up_starts_the_network_and_stops_it(tmp_path: Path) -> None:
     for port in ports:
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/.well-known/agent-card.json", timeout=2)
+
+
+def test_run_reads_reactions_and_hooks_from_the_work_directory(tmp_path: Path) -> None:
+    (tmp_path / ".a2a").mkdir()
+    (tmp_path / ".a2a" / "reactions.toml").write_text("[[reaction]]\nsignal = 'explode'\n")
+    bad_reactions = cli("run", "anything", cwd=tmp_path)
+    (tmp_path / ".a2a" / "reactions.toml").unlink()
+    (tmp_path / ".a2a" / "hooks.toml").write_text(
+        "[[hook]]\non = 'spawn.never'\ncommand = 'true'\n"
+    )
+    bad_hooks = cli("run", "anything", cwd=tmp_path)
+    assert bad_reactions.returncode == 2 and "reactions.toml: reaction 1" in bad_reactions.stderr
+    assert bad_hooks.returncode == 2 and "hooks.toml: hook 1" in bad_hooks.stderr
+
+
+def test_run_parent_with_the_observer_role_offline(tmp_path: Path) -> None:
+    result = cli("run", "Watch a coder", "--parent", "--role", "observer", cwd=tmp_path)
+    # Offline, the observer's model is the scripted notice, which skips.
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "[observer] started" in result.stdout and "TASK_SKIPPED" in result.stdout
