@@ -200,7 +200,8 @@ def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     ]
     assert "started" in events.stdout and "done" in events.stdout
     lines = [json.loads(line) for line in jsonl.stdout.splitlines()]
-    assert lines[0]["kind"] == "input" and lines[-1]["kind"] == "done"
+    kinds = [line["kind"] for line in lines]
+    assert kinds[0] == "input" and kinds.count("done") == 3 and kinds[-1] == "subagent_result"
     assert stop.returncode == 0 and "stopped 0" in stop.stdout
     assert resume.returncode == 0 and "nothing to resume" in resume.stdout
     assert missing.returncode == 2 and "no session 'nope'" in missing.stderr
