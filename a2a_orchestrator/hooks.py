@@ -13,7 +13,6 @@ import inspect
 import json
 import logging
 import shlex
-import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Literal, TypeAlias
 import anyio
 
 from .errors import ConfigError
+from .lookup import toml_tables
 
 __all__ = [
     "HOOK_POINTS",
@@ -142,19 +142,7 @@ def load_hook_file(path: str | Path, hooks: Hooks | None = None) -> Hooks:
     """Add the command hooks a TOML file declares; errors name the file and entry."""
     path = Path(path)
     hooks = hooks or Hooks()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read hook file {path}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-    entries = data.get("hook", [])
-    if not isinstance(entries, list):
-        raise ConfigError(f"{path}: 'hook' must be an array of tables ([[hook]])")
-    for number, entry in enumerate(entries, start=1):
-        where = f"{path}: hook {number}"
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: must be a table")
+    for where, entry in toml_tables(path, "hook", "hook"):
         unknown = set(entry) - {"on", "command"}
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}")

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from .errors import ConfigError, RoleNotFoundError
+from .lookup import lookup_dirs, shipped_dir
 from .roles import ROLE_NAME_PATTERN, find_role, role_dirs
 
 __all__ = [
@@ -106,17 +107,8 @@ def override_var(name: str, what: Literal["URL", "TOKEN_ENV"]) -> str:
 
 
 def shipped_agents_dir() -> Path:
-    """The directory of the agent files that ship with the package.
-
-    An installed wheel carries them inside the package (`_shipped_agents`,
-    mapped from the repository's `agents/` by hatch force-include); a source
-    or editable checkout has only the repository's top-level `agents/`.
-    """
-    package_dir = Path(__file__).resolve().parent
-    inside = package_dir / "_shipped_agents"
-    if inside.is_dir():
-        return inside
-    return package_dir.parent / "agents"
+    """The directory of the agents that ship with the package."""
+    return shipped_dir("agents")
 
 
 def agent_dirs(
@@ -129,22 +121,7 @@ def agent_dirs(
     agents. Directories that do not exist are listed all the same; lookup
     skips them. A directory reached twice is listed once.
     """
-    base = Path.cwd() if cwd is None else Path(cwd)
-    user_home = Path.home() if home is None else Path(home)
-    candidates = [
-        base / "agents",
-        base / ".a2a" / "agents",
-        user_home / ".config" / "a2a-orchestrator" / "agents",
-        shipped_agents_dir(),
-    ]
-    seen: set[Path] = set()
-    dirs: list[Path] = []
-    for directory in candidates:
-        key = directory.resolve()
-        if key not in seen:
-            seen.add(key)
-            dirs.append(directory)
-    return dirs
+    return lookup_dirs("agents", cwd=cwd, home=home)
 
 
 def load_agent_file(

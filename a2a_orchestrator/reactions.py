@@ -20,7 +20,6 @@ is an agent of this process, to its inbox.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from .control import ControlPlane
 from .delegation import ChildHandle
 from .errors import ConfigError, ControlError
 from .events import ChildEvent
+from .lookup import toml_tables
 from .supervisor import Selector, event_context, render_inject
 
 __all__ = ["REACTION_SIGNALS", "Reaction", "Reactions", "load_reactions"]
@@ -48,21 +48,8 @@ class Reaction:
 
 def load_reactions(path: str | Path) -> list[Reaction]:
     """The rules of a reactions file; errors name the file, the rule and the field."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read reactions file {path}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-    rules = data.get("reaction", [])
-    if not isinstance(rules, list):
-        raise ConfigError(f"{path}: 'reaction' must be an array of tables ([[reaction]])")
     reactions = []
-    for number, rule in enumerate(rules, start=1):
-        where = f"{path}: reaction {number}"
-        if not isinstance(rule, dict):
-            raise ConfigError(f"{where}: must be a table")
+    for where, rule in toml_tables(path, "reaction", "reactions"):
         unknown = set(rule) - {"event", "role", "child", "inject", "signal", "once"}
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}")

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError, RoleFileError, RoleNotFoundError
+from .lookup import lookup_dirs, shipped_dir
 
 __all__ = [
     "ROLE_NAME_PATTERN",
@@ -131,17 +132,8 @@ def validate_role_name(name: str) -> str:
 
 
 def shipped_roles_dir() -> Path:
-    """The directory of the roles that ship with the package.
-
-    An installed wheel carries them inside the package (`_shipped_roles`,
-    mapped from the repository's `roles/` by hatch force-include); a source
-    or editable checkout has only the repository's top-level `roles/`.
-    """
-    package_dir = Path(__file__).resolve().parent
-    inside = package_dir / "_shipped_roles"
-    if inside.is_dir():
-        return inside
-    return package_dir.parent / "roles"
+    """The directory of the roles that ship with the package."""
+    return shipped_dir("roles")
 
 
 def role_dirs(
@@ -154,22 +146,7 @@ def role_dirs(
     listed all the same; lookup skips them. A directory reached twice (running
     from the repository root makes `./roles/` the shipped one) is listed once.
     """
-    base = Path.cwd() if cwd is None else Path(cwd)
-    user_home = Path.home() if home is None else Path(home)
-    candidates = [
-        base / "roles",
-        base / ".a2a" / "roles",
-        user_home / ".config" / "a2a-orchestrator" / "roles",
-        shipped_roles_dir(),
-    ]
-    seen: set[Path] = set()
-    dirs: list[Path] = []
-    for directory in candidates:
-        key = directory.resolve()
-        if key not in seen:
-            seen.add(key)
-            dirs.append(directory)
-    return dirs
+    return lookup_dirs("roles", cwd=cwd, home=home)
 
 
 def find_role(

@@ -5,9 +5,8 @@ channels. A child's events (its transcript, and so its result) are written
 here before anyone in memory is told, so a crash loses no finished result.
 
 Contract:
-- One `Store` owns one sqlite3 connection. Every call runs in a worker
-  thread (`anyio.to_thread`) under a lock, so the event loop never blocks on
-  disk and calls from many tasks serialise safely.
+- One `Store` owns one sqlite3 connection (`SQLiteFile`): every call runs
+  in a worker thread under a lock, so the event loop never blocks on disk.
 - The schema lives in `MIGRATIONS` (sqlite-utils migrations); WAL mode lets
   the CLI read a session while an orchestrator writes it.
 - Events are keyed by uuid: appending a uuid twice is a no-op that reports
@@ -17,20 +16,17 @@ Contract:
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-import anyio
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .errors import ConfigError
+from .sqlitefile import SQLiteFile
 
 __all__ = ["MIGRATIONS", "ChildRecord", "Store", "StoredEvent"]
 
@@ -181,35 +177,14 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"cannot open store {self.path}: {exc}") from exc
-        self._db = sqlite_utils.Database(connection)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._file = SQLiteFile(path, "store")
+        self._db = sqlite_utils.Database(self._file.conn)
         self._db.execute("PRAGMA foreign_keys=ON")
-        # WAL with synchronous=NORMAL is durable against a process crash
-        # (kill -9), which is the failure the store exists for.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._lock = threading.Lock()
-        self._closed = False
         MIGRATIONS.apply(self._db)
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                if self._closed:
-                    raise ConfigError(f"store {self.path} is closed")
-                return fn()
-
-        return await anyio.to_thread.run_sync(locked)
+        self._run = self._file.run
 
     def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._db.conn.close()
+        self._file.close()
 
     async def __aenter__(self) -> Store:
         return self

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import base64
 import builtins
-import sqlite3
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import anyio
 from a2a.server.context import ServerCallContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
 from a2a.server.tasks import TaskStore
 from a2a.types import InvalidParamsError, ListTasksRequest, ListTasksResponse, Task, TaskState
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
+
+from .sqlitefile import SQLiteFile
 
 __all__ = ["SQLiteTaskStore"]
 
@@ -73,30 +71,14 @@ class SQLiteTaskStore(TaskStore):
         self, path: str | Path, owner_resolver: OwnerResolver = resolve_user_scope
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._owner = owner_resolver
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # Durable against a crash of the process, the failure it is here for.
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._file = SQLiteFile(path, "task store")
+        self._db = self._file.conn
         self._db.executescript(_SCHEMA)
-        self._closed = False
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError(f"task store {self.path} is closed")
-                return fn()
-
-        return await anyio.to_thread.run_sync(locked)
+        self._run = self._file.run
 
     def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._db.close()
+        self._file.close()
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         row = (

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from a2a_orchestrator import roles
+from a2a_orchestrator import lookup, roles
 from a2a_orchestrator.errors import ConfigError, RoleFileError, RoleNotFoundError
+from a2a_orchestrator.lookup import shipped_dir
 from a2a_orchestrator.roles import (
     Role,
     find_role,
@@ -114,8 +115,9 @@ def test_wheel_layout_prefers_shipped_roles_inside_the_package(
 ) -> None:
     package = tmp_path / "site-packages" / "a2a_orchestrator"
     (package / "_shipped_roles").mkdir(parents=True)
-    monkeypatch.setattr(roles, "__file__", str(package / "roles.py"))
+    monkeypatch.setattr(lookup, "_PACKAGE", package)
     assert shipped_roles_dir() == package / "_shipped_roles"
+    assert shipped_dir("agents") == tmp_path / "site-packages" / "agents"
 
 
 def test_source_layout_falls_back_to_repository_roles(
@@ -123,7 +125,7 @@ def test_source_layout_falls_back_to_repository_roles(
 ) -> None:
     package = tmp_path / "repo" / "a2a_orchestrator"
     package.mkdir(parents=True)
-    monkeypatch.setattr(roles, "__file__", str(package / "roles.py"))
+    monkeypatch.setattr(lookup, "_PACKAGE", package)
     assert shipped_roles_dir() == tmp_path / "repo" / "roles"
 
 

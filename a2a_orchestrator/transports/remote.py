@@ -344,15 +344,8 @@ class RemoteDelegate:
         child_id: str,
         on_attached: OnAttached | None = None,
     ) -> RemoteRun:
-        card = await self.card(spec)
-        return RemoteRun(
-            self,
-            spec,
-            self._client(spec, card, streaming=True),
-            card,
-            overrides=config.overrides(),
-            on_attached=on_attached,
-        )
+        """A new child: its task is created by its first turn."""
+        return await self.reopen(spec, config, child_id=child_id, on_attached=on_attached)
 
     async def reopen(
         self,

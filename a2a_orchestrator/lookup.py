@@ -1,0 +1,82 @@
+"""Configuration files: where they are looked up, and reading TOML rule files.
+
+Roles (`roles/`) and agents (`agents/`) are found the same way, first hit
+wins: `./<kind>/`, `./.a2a/<kind>/`, `~/.config/a2a-orchestrator/<kind>/`,
+then the files shipped with the package.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["lookup_dirs", "shipped_dir", "toml_tables"]
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped_dir(kind: str) -> Path:
+    """The directory of the `kind` files that ship with the package.
+
+    An installed wheel carries them inside the package (`_shipped_<kind>`,
+    mapped from the repository's top-level directory by hatch force-include);
+    a source or editable checkout has only the repository's `<kind>/`.
+    """
+    inside = _PACKAGE / f"_shipped_{kind}"
+    return inside if inside.is_dir() else _PACKAGE.parent / kind
+
+
+def lookup_dirs(
+    kind: str,
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> list[Path]:
+    """The lookup directories for `kind`, highest priority first.
+
+    Directories that do not exist are listed all the same; lookup skips
+    them. A directory reached twice (running from the repository root makes
+    `./<kind>/` the shipped one) is listed once.
+    """
+    base = Path.cwd() if cwd is None else Path(cwd)
+    user_home = Path.home() if home is None else Path(home)
+    candidates = [
+        base / kind,
+        base / ".a2a" / kind,
+        user_home / ".config" / "a2a-orchestrator" / kind,
+        shipped_dir(kind),
+    ]
+    seen: set[Path] = set()
+    dirs: list[Path] = []
+    for directory in candidates:
+        key = directory.resolve()
+        if key not in seen:
+            seen.add(key)
+            dirs.append(directory)
+    return dirs
+
+
+def toml_tables(path: str | Path, key: str, what: str) -> list[tuple[str, dict[str, Any]]]:
+    """The `[[key]]` tables of a TOML file, each with "<file>: <key> <n>" to name it
+    in errors; a file that cannot be read or parsed is a `ConfigError` naming it."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    entries = data.get(key, [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: '{key}' must be an array of tables ([[{key}]])")
+    tables = []
+    for number, entry in enumerate(entries, start=1):
+        where = f"{path}: {key} {number}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: must be a table")
+        tables.append((where, entry))
+    return tables
