@@ -37,7 +37,7 @@ MIGRATIONS = Migrations("a2a_orchestrator")
 
 @MIGRATIONS()
 def m001_initial(db: sqlite_utils.Database) -> None:
-    db["sessions"].create(  # type: ignore[union-attr]
+    db.table("sessions").create(
         {
             "id": str,
             "title": str,
@@ -47,7 +47,7 @@ def m001_initial(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["children"].create(  # type: ignore[union-attr]
+    db.table("children").create(
         {
             "child_id": str,
             "session_id": str,
@@ -73,8 +73,8 @@ def m001_initial(db: sqlite_utils.Database) -> None:
         not_null={"session_id", "role", "status", "transport", "trace_id", "created_at"},
         foreign_keys=[("session_id", "sessions", "id")],
     )
-    db["children"].create_index(["session_id"])  # type: ignore[union-attr]
-    db["children"].create_index(["parent_id"])  # type: ignore[union-attr]
+    db.table("children").create_index(["session_id"])
+    db.table("children").create_index(["parent_id"])
     # `seq` orders a session's events for paging; `uuid` de-duplicates them.
     db.execute(
         """
@@ -89,14 +89,14 @@ def m001_initial(db: sqlite_utils.Database) -> None:
         )
         """
     )
-    db["events"].create_index(["session_id", "seq"])  # type: ignore[union-attr]
-    db["events"].create_index(["child_id", "seq"])  # type: ignore[union-attr]
+    db.table("events").create_index(["session_id", "seq"])
+    db.table("events").create_index(["child_id", "seq"])
 
 
 @MIGRATIONS()
 def m002_subscriptions(db: sqlite_utils.Database) -> None:
     # Supervisor subscriptions outlive the process that made them.
-    db["subscriptions"].create(  # type: ignore[union-attr]
+    db.table("subscriptions").create(
         {
             "id": str,
             "session_id": str,
@@ -107,7 +107,7 @@ def m002_subscriptions(db: sqlite_utils.Database) -> None:
         pk="id",
         foreign_keys=[("session_id", "sessions", "id")],
     )
-    db["subscriptions"].create_index(["session_id", "parent_id"])  # type: ignore[union-attr]
+    db.table("subscriptions").create_index(["session_id", "parent_id"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,7 +211,7 @@ class Store:
             "metadata": json.dumps(dict(metadata or {})),
             "created_at": time.time(),
         }
-        await self._run(lambda: self._db["sessions"].insert(row, ignore=True))  # type: ignore[union-attr]
+        await self._run(lambda: self._db.table("sessions").insert(row, ignore=True))
         return sid
 
     async def get_session(self, session_id: str) -> dict[str, Any] | None:
@@ -237,12 +237,12 @@ class Store:
     # -- children -------------------------------------------------------------
 
     async def add_child(self, record: ChildRecord) -> None:
-        await self._run(lambda: self._db["children"].insert(record.to_row()))  # type: ignore[union-attr]
+        await self._run(lambda: self._db.table("children").insert(record.to_row()))
 
     async def update_child(self, child_id: str, **changes: Any) -> None:
         if "config" in changes:
             changes["config"] = json.dumps(changes["config"])
-        await self._run(lambda: self._db["children"].update(child_id, changes))  # type: ignore[union-attr]
+        await self._run(lambda: self._db.table("children").update(child_id, changes))
 
     async def get_child(self, child_id: str) -> ChildRecord | None:
         def get() -> ChildRecord | None:
@@ -292,7 +292,7 @@ class Store:
             "spec": json.dumps(dict(spec)),
             "created_at": time.time(),
         }
-        await self._run(lambda: self._db["subscriptions"].insert(row, replace=True))  # type: ignore[union-attr]
+        await self._run(lambda: self._db.table("subscriptions").insert(row, replace=True))
 
     async def delete_subscription(self, subscription_id: str) -> bool:
         def delete() -> bool:

@@ -27,7 +27,7 @@ __all__ = ["OpenAIModel"]
 logger = logging.getLogger(__name__)
 
 # Local servers (Ollama, vLLM, llama.cpp, LM Studio) accept any key, but the
-# openai client refuses to start without one; this placeholder is never a secret.
+# openai client refuses to start without one; this stand-in is never a secret.
 _DUMMY_API_KEY = "not-needed"
 
 # Closing the HTTP response after the consumer stopped must finish even while

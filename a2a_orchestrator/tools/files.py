@@ -268,8 +268,9 @@ def list_files_tool(workspace: Workspace, *, max_results: int = LIST_LIMIT) -> T
 def _glob(workspace: Workspace, pattern: str) -> list[Path]:
     try:
         return workspace.glob(pattern)
-    except (ValueError, NotImplementedError) as exc:
-        # pathlib rejects malformed patterns such as 'a**b' this way.
+    except ValueError as exc:
+        # pathlib rejects malformed patterns such as 'a**b' this way (absolute
+        # ones never get here: the workspace refuses them first).
         raise ToolError(f"Invalid glob pattern {pattern!r}: {exc}") from exc
 
 
