@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ import anyio
 
 from .delegation import ChildConfig, ChildHandle
 from .errors import OrchestratorError, SpawnRefusedError, UnknownChildError
-from .events import ChildEvent, Done, Failed, InputRequired, new_uuid
+from .events import ChildEvent, Done, Failed, InputRequired
 from .hooks import CompleteInfo, Hooks, SpawnInfo
 from .render import normalise, render_final_answer, truncate_to_budget
 from .runtime import Conversation
@@ -52,6 +53,7 @@ DEFAULT_MAX_DEPTH = 1
 GATE_MESSAGE = "Concurrent subagent limit reached"
 WAIT_BOUNDS_MS = (10_000, 3_600_000)
 DEFAULT_WAIT_MS = 30_000
+_DELIVERY = uuidlib.UUID("5f0c2a52-6d1b-4f4e-9a7e-2d3c1b0a9f11")
 
 
 def clamp_timeout(timeout_ms: float | None, bounds: tuple[int, int] = WAIT_BOUNDS_MS) -> float:
@@ -91,7 +93,11 @@ class ControlPlane:
         self._delivered: dict[str, str] = {}
         self._reported: dict[str, str] = {}
         self._changed = anyio.Event()
+        self._reserved = 0
         self._remove_listener = session.add_listener(self._on_event)
+        # A turn's end wakes waiters once the child is idle, after every
+        # listener of its terminal event has run.
+        self._remove_settle = session.add_settle_listener(self._on_settled)
         if depth == 0:
             session.child_tools = self._tools_for_child
 
@@ -101,7 +107,18 @@ class ControlPlane:
         return self.parent_id or self.session.id
 
     def close(self) -> None:
+        """Stop listening; the control planes of this parent's children go too."""
         self._remove_listener()
+        self._remove_settle()
+        for child_id, plane in list(self.session.nested_planes.items()):
+            handle = self.session.children.get(child_id)
+            if handle is not None and handle.parent_id == self.parent_id:
+                plane.close()
+                self.session.nested_planes.pop(child_id, None)
+
+    def _on_settled(self, handle: ChildHandle) -> None:
+        if handle.parent_id == self.parent_id:
+            self._notify()
 
     # -- children ---------------------------------------------------------------
 
@@ -142,8 +159,25 @@ class ControlPlane:
         **config: Any,
     ) -> ChildHandle:
         """Spawn one child; `SpawnRefusedError` when the gate or a hook says no."""
-        if self.running_count() >= self.max_concurrent:
+        # Spawns in flight hold their slot, so concurrent spawns cannot all
+        # pass the gate before any of them is counted.
+        if self.running_count() + self._reserved >= self.max_concurrent:
             raise SpawnRefusedError(GATE_MESSAGE)
+        self._reserved += 1
+        try:
+            return await self._spawn(role, prompt, model, system_prompt, tools, config)
+        finally:
+            self._reserved -= 1
+
+    async def _spawn(
+        self,
+        role: str,
+        prompt: str,
+        model: str | None,
+        system_prompt: str | None,
+        tools: Sequence[str] | None,
+        config: dict[str, Any],
+    ) -> ChildHandle:
         child_config = ChildConfig(
             role=role,
             prompt=prompt,
@@ -207,13 +241,15 @@ class ControlPlane:
 
     # -- waiting ------------------------------------------------------------------
 
-    def _outcome(self, handle: ChildHandle) -> ChildEvent | None:
-        """The child's last turn's end, once it is delivered (done/failed) or settled."""
+    async def _outcome(self, handle: ChildHandle) -> ChildEvent | None:
+        """The child's last turn's end once it is settled, delivered first if
+        it ended done or failed (a child reopened after a restart, or finished
+        before this plane existed, gets its delivery now; it happens once)."""
         terminal = handle.last_terminal if handle.settled else None
         if isinstance(terminal, Done | Failed) and self._delivered.get(handle.child_id) != (
             terminal.uuid
         ):
-            return None
+            await self._deliver(handle, terminal)
         return terminal
 
     async def wait_agent(self, child_id: str, timeout_ms: float | None = None) -> dict[str, Any]:
@@ -221,7 +257,7 @@ class ControlPlane:
         handle = await self._child(child_id)
         with anyio.move_on_after(clamp_timeout(timeout_ms, self.wait_bounds_ms)):
             while True:
-                outcome = self._outcome(handle)
+                outcome = await self._outcome(handle)
                 if isinstance(outcome, Done | Failed):
                     status, payload = normalise(outcome)
                     return {
@@ -247,10 +283,19 @@ class ControlPlane:
 
         `block_for` bounds the BLOCK step in seconds (None: until a child
         finishes a turn); COLLECT runs either way."""
-        # RESUME: children whose runner died (a crash, a restart) run again.
+        # RESUME: children whose runner died (a crash, a restart) run again,
+        # and finished ones the store knows of come back for COLLECT.
         await self.session.recover(parent_id=self.parent_id)
-        # MESSAGES
+        records = await self.session.store.list_children(
+            session_id=self.session.id, parent_id=self.parent_id
+        )
         errors: list[dict[str, Any]] = []
+        for record in records:
+            try:
+                await self.session.child(record.child_id)
+            except OrchestratorError as exc:  # e.g. its remote agent is gone
+                errors.append({"child_id": record.child_id, "status": "error", "error": str(exc)})
+        # MESSAGES
         for target, text in (messages or {}).items():
             handles = self._matching(target)
             if not handles:
@@ -267,6 +312,8 @@ class ControlPlane:
                     changed = self._changed
                     await changed.wait()
         # COLLECT
+        for handle in self.children():
+            await self._outcome(handle)
         return errors + [self._report(handle) for handle in self.children()]
 
     def _unreported(self) -> list[ChildHandle]:
@@ -368,10 +415,12 @@ class ControlPlane:
     async def _deliver(self, handle: ChildHandle, event: Done | Failed) -> None:
         status, payload = normalise(event)
         text = render_final_answer(self.task_name, handle.child_id, payload)
-        uuid = new_uuid()
+        # Named after the result it carries: delivering the same result again
+        # (another plane, a restart) is recognised by the store and the inbox.
+        uuid = uuidlib.uuid5(_DELIVERY, event.uuid).hex
         # The parent's transcript first: once this is stored the result
         # survives a crash even if the inbox below never sees it.
-        await self.session.store.append_event(
+        stored = await self.session.store.append_event(
             self.session.id,
             "subagent_result",
             {
@@ -383,10 +432,12 @@ class ControlPlane:
             child_id=self.parent_id or None,
             uuid=uuid,
         )
-        if self.inbox is not None:
+        if stored is not None and self.inbox is not None:
             self.inbox.deliver(uuid, text)
         self._delivered[handle.child_id] = event.uuid
         self._notify()
+        if stored is None:
+            return  # delivered before: its hooks ran then
         await self.hooks.notify(
             "complete",
             CompleteInfo(
@@ -419,6 +470,8 @@ class ControlPlane:
             hooks=self.hooks,
             wait_bounds_ms=self.wait_bounds_ms,
         )
+        # The session binds its inbox to the child's conversation once open.
+        self.session.nested_planes[child_id] = plane
         return control_tools(plane)
 
 

@@ -39,6 +39,7 @@ from .render import NO_TERMINAL_TEXT
 
 __all__ = [
     "CANCELED_TEXT",
+    "INTERRUPTED_TEXT",
     "ChildConfig",
     "ChildHandle",
     "ChildRun",
@@ -61,6 +62,7 @@ child) before the handle publishes it; the session stores it there. False
 means the event's uuid was recorded already (a replay), and it is dropped."""
 
 CANCELED_TEXT = "canceled by request"
+INTERRUPTED_TEXT = "interrupted by the parent"
 _CANCEL_GRACE = 15.0  # how long cancel() waits for the turn to end
 
 
@@ -198,7 +200,10 @@ class ChildHandle:
         parent_id: str = "",
         depth: int = 1,
         on_event: Listener | None = None,
+        on_settled: Callable[[ChildHandle], None] | None = None,
     ) -> None:
+        """`on_event` hears each new event once stored; `on_settled` is told,
+        synchronously, each time a turn has ended and the handle is idle."""
         self.child_id = child_id
         self.agent = agent
         self.role = role
@@ -207,6 +212,7 @@ class ChildHandle:
         self.depth = depth
         self._sink = sink
         self._on_event = on_event
+        self._on_settled = on_settled
         self._log: list[ChildEvent] = list(history)
         self._uuids = {event.uuid for event in history}
         self._changed = anyio.Event()
@@ -216,6 +222,7 @@ class ChildHandle:
         self._wake = anyio.Event()
         self._closed = False
         self._cancelling = False
+        self._interrupting = False
         self.paused = False
         """Held at its next step boundary by `pause()` until `resume()`."""
 
@@ -297,6 +304,7 @@ class ChildHandle:
         ended; False when it had finished or is being cancelled already."""
         if self._cancelling:
             return False
+        self.paused = False  # a cancelled turn is released from the pause gate too
         if self._active:
             self._cancelling = True
             self._pending.clear()
@@ -327,10 +335,14 @@ class ChildHandle:
         """Stop the running turn, keep the conversation; False when no turn ran."""
         if not self._active:
             return False
-        await self.run.interrupt()
-        with anyio.move_on_after(_CANCEL_GRACE):
-            while self._active:
-                await self._changed.wait()
+        self._interrupting = True
+        try:
+            await self.run.interrupt()
+            with anyio.move_on_after(_CANCEL_GRACE):
+                while self._active:
+                    await self._changed.wait()
+        finally:
+            self._interrupting = False
         return True
 
     @property
@@ -362,10 +374,11 @@ class ChildHandle:
                 try:
                     if text is not None and self._sink is not None:
                         await self._sink(self, text)
-                    if self._cancelling:
-                        # Cancelled between taking the input and starting the
+                    if self._cancelling or self._interrupting:
+                        # Stopped between taking the input and starting the
                         # turn, when the run had nothing yet to stop.
-                        await self._emit(Failed(reason="aborted", message=CANCELED_TEXT))
+                        message = CANCELED_TEXT if self._cancelling else INTERRUPTED_TEXT
+                        await self._emit(Failed(reason="aborted", message=message))
                         continue
                     await self.run.turn(text, self._emit)
                     if not self._ends_turn():
@@ -377,10 +390,16 @@ class ChildHandle:
                         )
                 except Exception as exc:  # contained: one child's failure is its own
                     logger.exception("child %s failed", self.child_id)
-                    await self._emit(Failed(reason="error", message=f"{type(exc).__name__}: {exc}"))
+                    if not self._ends_turn():
+                        # One terminal event per turn: a failure after the
+                        # turn's end (a listener's) does not unmake its result.
+                        message = f"{type(exc).__name__}: {exc}"
+                        await self._emit(Failed(reason="error", message=message))
                 finally:
                     self._active = False
                     self._notify()
+                    if self._on_settled is not None and self.settled:
+                        self._on_settled(self)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.run.aclose()

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeAlias
 from .models.base import Usage
 
 __all__ = [
+    "CHILD_EVENT_KINDS",
     "TERMINAL_KINDS",
     "AssistantMessage",
     "ChildEvent",
@@ -140,6 +141,12 @@ ChildEvent: TypeAlias = (
     | Done
     | Failed
 )
+
+CHILD_EVENT_KINDS = frozenset(
+    {"started", "message_delta", "message", "tool_called", "tool_result"}
+    | {"input_required", "done", "failed"}
+)
+"""Every kind a child event can have (stored rows of other kinds are records)."""
 
 TERMINAL_KINDS = frozenset({"done", "failed", "input_required"})
 """Kinds that end a turn: after one of them the child waits or is finished."""

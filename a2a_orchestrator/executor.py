@@ -28,6 +28,7 @@ from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict
 
+from .delegation import INTERRUPTED_TEXT
 from .errors import ConfigError
 from .events import ChildEvent, Done, Failed
 from .models.base import ChatMessage, Model
@@ -263,7 +264,7 @@ class RoleExecutor(AgentExecutor):
             conversation.resume()
         elif action == "interrupt":
             conversation.resume()
-            conversation.abort("aborted", "interrupted by the parent")
+            conversation.abort("aborted", INTERRUPTED_TEXT)
         elif action == "steer":
             conversation.steer(text)
         else:

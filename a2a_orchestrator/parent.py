@@ -10,12 +10,13 @@ and children get none unless the nesting depth allows (`max_depth`, default 1).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .control import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_DEPTH, WAIT_BOUNDS_MS, ControlPlane
 from .errors import ControlError, ToolError
-from .events import ChildEvent, MessageDelta, event_from_dict, event_to_dict
+from .events import CHILD_EVENT_KINDS, ChildEvent, MessageDelta, event_from_dict, event_to_dict
 from .executor import role_conversation
 from .hooks import Hooks
 from .models.base import ChatMessage, Model
@@ -26,16 +27,9 @@ from .supervisor import Supervisor, supervisor_tool
 from .tools import Tool
 from .transcript import rebuild_transcript
 
-__all__ = ["CONTROL_TOOLS", "ParentAgent", "control_tools"]
+__all__ = ["ParentAgent", "control_tools"]
 
-CONTROL_TOOLS = (
-    "agent",
-    "agent_manage",
-    "wait_agent",
-    "send_message",
-    "agent_abort",
-    "spawn_agent",
-)
+logger = logging.getLogger(__name__)
 
 _AGENT_ITEM = {
     "type": "object",
@@ -194,6 +188,7 @@ class ParentAgent:
         turns started by `start_turn` as well as by `run`."""
         self.last: ChildEvent | None = None
         """How the parent's latest turn ended."""
+        self._turns: list[str] | None = None
 
     @classmethod
     async def restore(cls, session: Session, model: Model, **kwargs: Any) -> ParentAgent:
@@ -205,11 +200,13 @@ class ParentAgent:
         for item in await session.store.events(session.id):
             if item.child_id is not None:
                 continue
-            if item.kind in ("input", "subagent_result"):
+            if item.kind in ("input", "subagent_result", "inject"):
                 entries.append(str(item.payload.get("text", "")))
-            else:
+            elif item.kind in CHILD_EVENT_KINDS:
                 entries.append(event_from_dict(item.payload))
         fresh = cls(session, model, role=the_role, **kwargs)
+        # Stored subscriptions act from now on, not from the first tool call.
+        await fresh.supervisor.load()
         if entries:
             prompt = fresh.conversation.messages[0]["content"]
             fresh.conversation.messages = rebuild_transcript(prompt, entries)
@@ -218,6 +215,8 @@ class ParentAgent:
     async def run(self, text: str | None, emit: Emit | None = None) -> ChildEvent:
         """One turn of the parent; its input and events go to the session's transcript."""
         store = self.session.store
+        if not self.supervisor.loaded:
+            await self.supervisor.load()
         if text is not None:
             await store.append_event(self.session.id, "input", {"text": text})
 
@@ -234,16 +233,28 @@ class ParentAgent:
         return self.last
 
     async def start_turn(self, text: str) -> None:
-        """Give the parent `text` now: a new turn if it is idle (in the session's
-        task group, not blocking the caller), else its inbox for its next step."""
-        if self.conversation.running:
-            self.conversation.steer(text)
+        """Give the parent `text` now: a new turn if it is idle (run in the
+        session's task group, one turn at a time, not blocking the caller),
+        else its inbox for its next step."""
+        if self.conversation.running or self._turns is not None:
+            if self._turns is not None and not self.conversation.running:
+                self._turns.append(text)  # a turn is about to start: queue behind it
+            else:
+                self.conversation.steer(text)
             return
+        self._turns = [text]
 
-        async def turn() -> None:
-            await self.run(text)
+        async def turns() -> None:
+            try:
+                while self._turns:
+                    try:
+                        await self.run(self._turns.pop(0))
+                    except Exception:
+                        logger.exception("a parent turn failed")
+            finally:
+                self._turns = None
 
-        self.session.start_soon(turn, name="parent turn")
+        self.session.start_soon(turns, name="parent turns")
 
     def close(self) -> None:
         self.supervisor.close()

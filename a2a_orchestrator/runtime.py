@@ -70,6 +70,7 @@ ASK_PARENT_SPEC = ToolSpec(
 )
 
 DEFAULT_MAX_TURNS = 10
+DELTA_INTERVAL = 0.05
 DEFAULT_TIMEOUT = 60.0
 
 
@@ -252,20 +253,36 @@ class Conversation:
                 self._absorb()
             parts: list[str] = []
             calls: list[ToolCall] = []
+            # Deltas are coalesced to at most one per DELTA_INTERVAL: a model
+            # streams a token at a time, and over A2A every delta is a stored
+            # status update. A model that answers at once yields one delta.
+            unsent: list[str] = []
+            last_sent = anyio.current_time()
             async for item in self.model.stream(self.messages, self._specs):
                 if isinstance(item, TextDelta):
                     if item.text:
                         parts.append(item.text)
-                        await emit(MessageDelta(text=item.text))
+                        unsent.append(item.text)
+                        if anyio.current_time() - last_sent >= DELTA_INTERVAL:
+                            await emit(MessageDelta(text="".join(unsent)))
+                            unsent.clear()
+                            last_sent = anyio.current_time()
                 elif isinstance(item, ToolCall):
                     calls.append(item)
                 else:
                     self._turn_usage = self._turn_usage + item
                     self.usage = self.usage + item
+            if unsent:
+                await emit(MessageDelta(text="".join(unsent)))
             text = "".join(parts)
             self.messages.append(_assistant_message(text, calls))
             if text:
                 await emit(AssistantMessage(text=text))
+            if not calls and (self._steering or self._results) and step + 1 < self.max_turns:
+                # Input arrived during this last step (a steering message, a
+                # child's result): the turn goes on, so it is read at the next
+                # step boundary instead of waiting for a turn that may never come.
+                continue
             if not calls:
                 return Done(text=text)
             # Announce the whole batch before running it: one assistant

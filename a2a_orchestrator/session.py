@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import math
 import time
 import uuid as uuidlib
@@ -35,6 +36,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus, Listener
 from .errors import ConfigError
 from .events import (
+    CHILD_EVENT_KINDS,
     ChildEvent,
     Done,
     Failed,
@@ -51,6 +53,8 @@ from .tools import Tool, Workspace
 from .transports import LocalDelegate, RemoteDelegate
 
 __all__ = ["RelayedEvent", "Session"]
+
+logger = logging.getLogger(__name__)
 
 
 class _State(enum.Enum):
@@ -88,6 +92,10 @@ class Session:
         self._lost_after = lost_after
         self._children: dict[str, ChildHandle] = {}
         self._listeners: list[Listener] = []
+        self._settle_listeners: list[Callable[[ChildHandle], None]] = []
+        self.nested_planes: dict[str, Any] = {}
+        """Control planes of children that are parents themselves (depth > 1),
+        by child id; their inbox is the child's conversation."""
         self.child_tools: ChildTools | None = None
         """Tools a local child gets besides its role's (its control plane's,
         when the nesting depth allows); set by the control plane."""
@@ -183,6 +191,7 @@ class Session:
         else:
             extra = self.child_tools(child_id, depth) if self.child_tools else None
             run = await self.local.open(spec, config, child_id=child_id, extra_tools=extra)
+            self._bind_nested(child_id, run)
         await self.store.add_child(record)
         handle = ChildHandle(
             child_id=child_id,
@@ -193,6 +202,7 @@ class Session:
             parent_id=parent_id,
             depth=depth,
             on_event=self._relay,
+            on_settled=self._settled,
         )
         self._children[child_id] = handle
         await handle.send(config.prompt)
@@ -206,14 +216,15 @@ class Session:
             yield event
 
     async def child(self, child_id: str) -> ChildHandle:
-        """A child of this session, reopened from the store if needed."""
+        """A child of this session, reopened from the store if needed (one
+        the store says is running has lost its runner: it resumes)."""
         handle = self._children.get(child_id)
         if handle is not None:
             return handle
         record = await self.store.get_child(child_id)
         if record is None or record.session_id != self.id:
             raise KeyError(child_id)
-        return await self._reopen(record, resume=False)
+        return await self._reopen(record, resume=record.status == "running")
 
     async def recover(self, *, parent_id: str | None = None) -> list[ChildHandle]:
         """Resume or re-attach every child the store says is still running
@@ -250,9 +261,28 @@ class Session:
             remove()
             send.close()
 
+    def add_settle_listener(self, listener: Callable[[ChildHandle], None]) -> Callable[[], None]:
+        """Call `listener` (synchronously) whenever a child's turn has ended."""
+        self._settle_listeners.append(listener)
+        return lambda: self._settle_listeners.remove(listener)
+
+    def _settled(self, handle: ChildHandle) -> None:
+        for listener in list(self._settle_listeners):
+            listener(handle)
+
+    def _bind_nested(self, child_id: str, run: ChildRun) -> None:
+        plane = self.nested_planes.get(child_id)
+        if plane is not None:
+            plane.inbox = getattr(run, "conversation", None)
+
     async def _relay(self, handle: ChildHandle, event: ChildEvent) -> None:
         for listener in list(self._listeners):
-            await listener(handle, event)
+            try:
+                await listener(handle, event)
+            except Exception:
+                # A watcher's failure (a template, a hook, a closed peer) is
+                # the watcher's: the child's own result stands.
+                logger.exception("listener failed on %s of child %s", event.kind, handle.child_id)
 
     async def wait_all(self) -> dict[str, ChildEvent]:
         """Wait until every child is settled; their last turn's outcomes."""
@@ -280,10 +310,11 @@ class Session:
         for item in stored:
             if item.kind in _INPUT_KINDS:
                 entries.append(str(item.payload.get("text", "")))
-            else:
+            elif item.kind in CHILD_EVENT_KINDS:
                 event = event_from_dict(item.payload)
                 entries.append(event)
                 history.append(event)
+            # Other rows (control actions, injections) are records, not transcript.
         config = ChildConfig.from_dict(record.config)
         spec = self._spec_for(record)
         run: ChildRun
@@ -301,6 +332,7 @@ class Session:
             run = await self.local.reopen(
                 spec, config, child_id=record.child_id, entries=entries, extra_tools=extra
             )
+            self._bind_nested(record.child_id, run)
         status: ChildStatus = record.status if record.status in _STATUSES else "running"  # type: ignore[assignment]
         handle = ChildHandle(
             child_id=record.child_id,
@@ -313,6 +345,7 @@ class Session:
             parent_id=record.parent_id,
             depth=record.depth,
             on_event=self._relay,
+            on_settled=self._settled,
         )
         self._children[record.child_id] = handle
         if resume and not handle.settled:
@@ -333,8 +366,14 @@ class Session:
 
     async def _sink(self, handle: ChildHandle, item: ChildEvent | str) -> bool:
         if isinstance(item, str):
+            # A new turn: the row says running again, so a crash during it is
+            # recovered like the first turn's would be.
             await self.store.append_event(
-                self.id, "input", {"text": item}, child_id=handle.child_id
+                self.id,
+                "input",
+                {"text": item},
+                child_id=handle.child_id,
+                child_changes={"status": "running", "completed_at": None},
             )
             return True
         if isinstance(item, MessageDelta):

@@ -194,7 +194,7 @@ class Supervisor:
         self.session = plane.session
         self.start_turn = start_turn
         self._subscriptions: dict[str, Subscription] = {}
-        self._loaded = False
+        self.loaded = False
         self._remove = self.session.add_listener(self._on_event)
 
     def close(self) -> None:
@@ -205,13 +205,13 @@ class Supervisor:
         for data in await self.session.store.subscriptions(self.session.id, self.plane.parent_id):
             subscription = Subscription.from_dict(data)
             self._subscriptions.setdefault(subscription.id, subscription)
-        self._loaded = True
+        self.loaded = True
 
     # -- the tool's actions ----------------------------------------------------------
 
     async def act(self, action: str, fields: Mapping[str, Any]) -> Any:
         """Dispatch one `supervisor` tool call."""
-        if not self._loaded:
+        if not self.loaded:
             await self.load()
         handlers: dict[str, Callable[..., Awaitable[Any]]] = {
             "spawn": self.spawn,

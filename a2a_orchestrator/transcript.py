@@ -38,11 +38,24 @@ def rebuild_transcript(
     pending_ask: str | None = None
     # A step's text and its tool calls form one assistant message.
     step_open = False
+    # Calls of the current step still without results. Input recorded while
+    # they run (a child's result, a steering message) was absorbed after
+    # them, at the next step boundary: it waits here until they are answered,
+    # so every tool message still follows its call.
+    open_calls: set[str] = set()
+    deferred: list[str] = []
+
+    def flush() -> None:
+        messages.extend({"role": "user", "content": text} for text in deferred)
+        deferred.clear()
+
     for entry in entries:
         if isinstance(entry, str):
-            if pending_ask is not None:
+            if pending_ask is not None and not open_calls:
                 messages.append({"role": "tool", "tool_call_id": pending_ask, "content": entry})
                 pending_ask = None
+            elif open_calls:
+                deferred.append(entry)
             else:
                 messages.append({"role": "user", "content": entry})
             step_open = False
@@ -62,12 +75,18 @@ def rebuild_transcript(
                 step_open = True
             if entry.tool == ASK_PARENT:
                 pending_ask = entry.call_id
+            else:
+                open_calls.add(entry.call_id)
         elif isinstance(entry, ToolResult):
             messages.append(
                 {"role": "tool", "tool_call_id": entry.call_id, "content": entry.output}
             )
+            open_calls.discard(entry.call_id)
             step_open = False
+            if not open_calls:
+                flush()
     _drop_unfinished_step(messages, pending_ask)
+    flush()
     return messages
 
 

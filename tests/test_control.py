@@ -427,10 +427,9 @@ def nesting_script(messages: list[dict[str, Any]]) -> dict[str, Any]:
         child_id = results[-1].split('"child_id": "')[1].split('"')[0]
         return {"tool_calls": [{"name": "wait_agent", "arguments": {"child_id": child_id}}]}
     if prompt.startswith("delegate"):
-        return {
-            "text": "grandchild said: "
-            + messages[-1]["content"].split('"result": "')[1].split('"')[0]
-        }
+        # The wait's answer; the FINAL_ANSWER may have been absorbed after it.
+        waited = [m["content"] for m in messages if m["role"] == "tool"][-1]
+        return {"text": "grandchild said: " + waited.split('"result": "')[1].split('"')[0]}
     return {"text": f"leaf done at {prompt}"}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..delegation import CANCELED_TEXT, ChildConfig, Emit
+from ..delegation import CANCELED_TEXT, INTERRUPTED_TEXT, ChildConfig, Emit
 from ..events import ChildEvent
 from ..executor import apply_child_config, role_conversation
 from ..models.base import ChatMessage, Model
@@ -63,7 +63,7 @@ class LocalRun:
 
     async def interrupt(self) -> None:
         self.conversation.resume()
-        self.conversation.abort("aborted", "interrupted by the parent")
+        self.conversation.abort("aborted", INTERRUPTED_TEXT)
 
     async def history(self) -> list[ChatMessage]:
         return [dict(m) for m in self.conversation.messages]
