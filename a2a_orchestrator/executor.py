@@ -30,7 +30,7 @@ from google.protobuf.json_format import MessageToDict
 
 from .delegation import INTERRUPTED_TEXT
 from .errors import ConfigError
-from .events import ChildEvent, Done, Failed
+from .events import ChildEvent, Failed, InputRequired
 from .models.base import ChatMessage, Model
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
@@ -53,6 +53,9 @@ CONTROL_TOOL_NAMES = frozenset(
 )
 """Tools a role may list that the control plane provides when the role runs
 as a parent; a bare role server does not offer them."""
+
+MAX_CONVERSATIONS = 256
+"""Idle conversations kept in memory; older ones are rebuilt from the store."""
 
 # How long cancel and shutdown wait for a turn to publish its terminal state.
 _STOP_GRACE = 10.0
@@ -151,6 +154,8 @@ class RoleExecutor(AgentExecutor):
         self._conversations: dict[str, Conversation] = {}
         self._context_of: dict[str, str] = {}
         self._turn_ended: dict[str, anyio.Event] = {}
+        self._waiting: dict[str, str] = {}
+        """Context id -> the task parked in input-required there."""
 
     def running(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Nothing to hold open for the server's lifetime."""
@@ -181,15 +186,20 @@ class RoleExecutor(AgentExecutor):
         async def emit(event: ChildEvent) -> None:
             await publish(updater, event)
 
-        self._context_of[task_id] = context_id
-        conversation = self._conversations.get(context_id)
+        conversation = self._conversations.pop(context_id, None)
         if conversation is None:
             try:
                 conversation = await self._open(context, task)
             except ConfigError as exc:
                 await emit(Failed(reason="error", message=str(exc)))
                 return
-            self._conversations[context_id] = conversation
+        # Most recently used last: the oldest idle ones are evicted first.
+        self._conversations[context_id] = conversation
+        busy = self._busy(context_id, task_id, conversation)
+        if busy:
+            await emit(Failed(reason="error", message=busy))
+            return
+        self._context_of[task_id] = context_id
         text = get_message_text(context.message) if context.message else ""
         ended = self._turn_ended[task_id] = anyio.Event()
         try:
@@ -198,10 +208,39 @@ class RoleExecutor(AgentExecutor):
             ended.set()
             if self._turn_ended.get(task_id) is ended:
                 del self._turn_ended[task_id]
-        if isinstance(terminal, Done | Failed):
-            # The task is over; its conversation stays for a follow-up task in
-            # the same context. Memory is bounded by the number of contexts.
+        if isinstance(terminal, InputRequired):
+            self._waiting[context_id] = task_id
+        else:
+            self._waiting.pop(context_id, None)
+            # The task is over; its conversation stays for a follow-up task
+            # in the same context, or is rebuilt from the store when evicted.
             self._context_of.pop(task_id, None)
+            self._evict()
+
+    def _busy(self, context_id: str, task_id: str, conversation: Conversation) -> str:
+        """Why this context cannot take a turn for `task_id` now ("" if it can)."""
+        if conversation.running:
+            running = next((t for t, c in self._context_of.items() if c == context_id), "?")
+            return (
+                f"context {context_id} is busy: task {running} is running in it; "
+                "wait for it to end, or use another context"
+            )
+        waiting = self._waiting.get(context_id)
+        if waiting and waiting != task_id:
+            return (
+                f"context {context_id} is waiting for input on task {waiting}; "
+                "answer that task, or cancel it first"
+            )
+        return ""
+
+    def _evict(self) -> None:
+        idle = [
+            context_id
+            for context_id, conversation in self._conversations.items()
+            if not conversation.running and context_id not in self._waiting
+        ]
+        for context_id in idle[: max(0, len(self._conversations) - MAX_CONVERSATIONS)]:
+            del self._conversations[context_id]
 
     async def _open(self, context: RequestContext, task: Task) -> Conversation:
         """A new conversation, or one rebuilt from the context's stored tasks."""
@@ -230,10 +269,17 @@ class RoleExecutor(AgentExecutor):
     ) -> list[Task]:
         if self.task_store is None or call_context is None:
             return []
-        listing = await self.task_store.list(
-            ListTasksRequest(context_id=task.context_id), call_context
-        )
-        tasks = [t for t in listing.tasks if t.id != task.id]
+        tasks: list[Task] = []
+        token = ""
+        while True:
+            listing = await self.task_store.list(
+                ListTasksRequest(context_id=task.context_id, page_token=token, page_size=100),
+                call_context,
+            )
+            tasks.extend(t for t in listing.tasks if t.id != task.id)
+            token = listing.next_page_token
+            if not token:
+                break
         tasks.sort(key=lambda t: t.status.timestamp.ToNanoseconds())
         return tasks
 
@@ -247,6 +293,12 @@ class RoleExecutor(AgentExecutor):
         task_id = context.task_id or ""
         conversation = self.conversation(task_id)
         ended = self._turn_ended.get(task_id)
+        context_id = self._context_of.get(task_id, "")
+        if conversation is not None and self._waiting.get(context_id) == task_id:
+            # A canceled question gets no answer: the next task starts afresh.
+            conversation.withdraw_question("(the question was canceled)")
+            del self._waiting[context_id]
+            self._context_of.pop(task_id, None)
         if conversation is None or ended is None:
             return
         conversation.abort("aborted", "canceled by request")

@@ -58,15 +58,14 @@ def auth_error(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     )
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimitMiddleware:
     """Answers 413 to a request whose body passes `max_bytes`.
 
-    Checks the declared Content-Length first and counts the bytes actually
-    received too, for chunked bodies that declare none.
+    A declared Content-Length is checked at once. A body without one
+    (chunked) is read here, bounded, before the app sees it, and handed on
+    whole: the A2A dispatchers catch every exception an app raises, so a
+    limit enforced while they read would come out as a JSON-RPC internal
+    error instead of a 413.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY) -> None:
@@ -77,33 +76,40 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        declared = None
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+            if name == b"content-length" and value.isdigit():
+                declared = int(value)
+        if declared is not None:
+            if declared > self.max_bytes:
                 await self._reject(send)
                 return
-        received = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal received
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
+            if message["type"] != "http.request":
+                break  # the client went away; the app sees an empty body
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
                 await self._reject(send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
         body = json.dumps(

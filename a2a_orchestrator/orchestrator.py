@@ -20,6 +20,7 @@ latest, when the server stops.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ from .wire import EVENT_KEY, publish
 
 __all__ = ["MODE_KEY", "OrchestratorExecutor", "build_orchestrator_card", "run_orchestrator_server"]
 
+logger = logging.getLogger(__name__)
+
 MODE_KEY = "a2a_orchestrator.mode"
 MODES = ("pipeline", "delegate")
 
@@ -97,13 +100,20 @@ def build_orchestrator_card(url: str, *, auth: bool = False) -> AgentCard:
 
 
 class _Host:
-    """Holds sessions open in a task group owned by the server's lifespan."""
+    """Holds sessions open in a task group owned by the server's lifespan.
+
+    A session is opened once (concurrent requests for it wait for that one
+    opening), counted per request using it, and closed when the last one
+    lets it go and it has nothing running.
+    """
 
     def __init__(self, open_session: Callable[[str], Session]) -> None:
         self._open = open_session
         self._tg: TaskGroup | None = None
         self.sessions: dict[str, Session] = {}
         self._release: dict[str, anyio.Event] = {}
+        self._users: dict[str, int] = {}
+        self._lock = anyio.Lock()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -115,14 +125,15 @@ class _Host:
                 self._tg = None
                 tg.cancel_scope.cancel()
 
-    async def get(self, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
-        if session is not None:
+    async def acquire(self, session_id: str) -> Session:
+        async with self._lock:
+            session = self.sessions.get(session_id)
+            if session is None:
+                if self._tg is None:
+                    raise RuntimeError("the orchestrator is not running")
+                session = await self._tg.start(self._hold, session_id)
+            self._users[session_id] = self._users.get(session_id, 0) + 1
             return session
-        if self._tg is None:
-            raise RuntimeError("the orchestrator is not running")
-        started: Session = await self._tg.start(self._hold, session_id)
-        return started
 
     async def _hold(
         self, session_id: str, *, task_status: StartedStatus[Session] = anyio.TASK_STATUS_IGNORED
@@ -131,17 +142,26 @@ class _Host:
         try:
             async with self._open(session_id) as session:
                 self.sessions[session_id] = session
-                await session.recover()
                 task_status.started(session)
                 await release.wait()
         finally:
             self.sessions.pop(session_id, None)
             self._release.pop(session_id, None)
 
-    def release(self, session_id: str) -> None:
+    def release(self, session_id: str) -> bool:
+        """One request is done with the session; True when it was the last."""
+        users = self._users.get(session_id, 1) - 1
+        if users > 0:
+            self._users[session_id] = users
+            return False
+        self._users.pop(session_id, None)
+        session = self.sessions.get(session_id)
+        if session is not None and any(h.running for h in session.children.values()):
+            return False  # children still work: the session stays open for them
         event = self._release.get(session_id)
         if event is not None:
             event.set()
+        return True
 
 
 class OrchestratorExecutor(AgentExecutor):
@@ -169,6 +189,8 @@ class OrchestratorExecutor(AgentExecutor):
         self.max_concurrent = max_concurrent
         self.planes: dict[str, ControlPlane] = {}
         self._runs: dict[str, Pipeline | ParentAgent] = {}
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._parents: dict[str, ParentAgent] = {}
         self._reacting: dict[str, Reactions] = {}
         self.host = _Host(
             lambda session_id: Session(
@@ -214,23 +236,42 @@ class OrchestratorExecutor(AgentExecutor):
             await emit(Started(role="orchestrator"))
             await emit(Failed(reason="error", message=f"unknown mode {mode!r}; use {MODES}"))
             return
-        session = await self.host.get(context_id)
-        async with session.relay() as relay, anyio.create_task_group() as tg:
-            tg.start_soon(self._forward, relay, updater)
-            try:
-                if mode == "pipeline":
-                    await self._pipeline(session, task_id, text, emit)
-                else:
-                    await self._delegate(session, task_id, text, emit)
-            finally:
-                self._runs.pop(task_id, None)
-                tg.cancel_scope.cancel()
-        if mode == "pipeline" or not any(h.running for h in session.children.values()):
-            self.planes.pop(context_id, None)
-            reactions = self._reacting.pop(context_id, None)
-            if reactions is not None:
-                reactions.close()
-            self.host.release(context_id)
+        session = await self.host.acquire(context_id)
+        try:
+            with anyio.CancelScope() as scope:
+                self._scopes[task_id] = scope
+                async with session.relay() as relay, anyio.create_task_group() as tg:
+                    tg.start_soon(self._forward, relay, updater)
+                    try:
+                        if mode == "pipeline":
+                            await self._pipeline(session, task_id, text, emit)
+                        else:
+                            await self._delegate(session, task_id, text, emit)
+                    except Exception as exc:  # contained: the client gets a failed task
+                        logger.exception("orchestrator task %s failed", task_id)
+                        await emit(Failed(reason="error", message=f"{type(exc).__name__}: {exc}"))
+                    finally:
+                        tg.cancel_scope.cancel()
+            if scope.cancelled_caught:
+                # The server is stopping: the children are left as they are
+                # (remote ones keep working, local ones resume with the session).
+                await emit(
+                    Failed(
+                        reason="lost",
+                        message="the orchestrator stopped; resume the session to continue",
+                    )
+                )
+        finally:
+            self._runs.pop(task_id, None)
+            self._scopes.pop(task_id, None)
+            if self.host.release(context_id):
+                self.planes.pop(context_id, None)
+                reactions = self._reacting.pop(context_id, None)
+                if reactions is not None:
+                    reactions.close()
+                parent = self._parents.pop(context_id, None)
+                if parent is not None:
+                    parent.close()
 
     async def _forward(
         self, relay: anyio.abc.ObjectReceiveStream[RelayedEvent], updater: TaskUpdater
@@ -256,8 +297,11 @@ class OrchestratorExecutor(AgentExecutor):
     async def _pipeline(
         self, session: Session, task_id: str, text: str, emit: Callable[[ChildEvent], Any]
     ) -> None:
-        plane = self.planes[session.id] = ControlPlane(session, hooks=self.hooks)
+        plane = self.planes.get(session.id)
+        if plane is None:
+            plane = self.planes[session.id] = ControlPlane(session, hooks=self.hooks)
         self._react(plane)
+        await session.recover()
         title = text.strip().splitlines()[0][:80] if text.strip() else "task"
         brief = Brief(task=TaskSpec(id=task_id[:8], title=title, description=text))
         pipeline = Pipeline(session, brief)
@@ -279,14 +323,20 @@ class OrchestratorExecutor(AgentExecutor):
     async def _delegate(
         self, session: Session, task_id: str, text: str, emit: Callable[[ChildEvent], Any]
     ) -> None:
-        parent = await ParentAgent.restore(
-            session,
-            self.models(self.parent_model),
-            hooks=self.hooks,
-            max_concurrent=self.max_concurrent,
-        )
+        # One parent agent per session while the session is open; a later
+        # request restores it from the store.
+        parent = self._parents.get(session.id)
+        if parent is None:
+            parent = await ParentAgent.restore(
+                session,
+                self.models(self.parent_model),
+                hooks=self.hooks,
+                max_concurrent=self.max_concurrent,
+            )
+            self._parents[session.id] = parent
         self.planes[session.id] = parent.plane
         self._react(parent.plane)
+        await session.recover()
         self._runs[task_id] = parent
         await parent.run(text, emit)
 
@@ -304,9 +354,10 @@ class OrchestratorExecutor(AgentExecutor):
             run.conversation.abort("aborted", "canceled by request")
 
     async def shutdown(self) -> None:
-        for plane in list(self.planes.values()):
-            with anyio.move_on_after(10):
-                await plane.stop_children()
+        """End the running A2A tasks as failed (reason `lost`); the children
+        are not stopped: a later session resumes or re-attaches them."""
+        for scope in list(self._scopes.values()):
+            scope.cancel()
 
 
 @contextlib.asynccontextmanager

@@ -142,6 +142,13 @@ class Conversation:
             return None
         return None
 
+    def withdraw_question(self, answer: str) -> None:
+        """Close a pending `ask_parent` call with `answer`, so the next input
+        is a new user turn rather than its answer."""
+        pending = self.pending_question
+        if pending is not None:
+            self.messages.append({"role": "tool", "tool_call_id": pending, "content": answer})
+
     # -- control ------------------------------------------------------------
 
     def abort(self, reason: FailReason = "aborted", message: str = "aborted") -> None:

@@ -374,3 +374,43 @@ async def test_path_escapes_are_refused_over_a2a(tmp_path: Path) -> None:
     assert "keep out" not in results[1].output
     assert not (tmp_path / "escaped.txt").exists()
     assert isinstance(events[-1], Done)
+
+
+async def test_a_chunked_oversized_body_is_a_413(tmp_path: Path) -> None:
+    async def chunks() -> Any:
+        for _ in range(6):
+            yield b"x" * (1024 * 1024)
+
+    headers = {"A2A-Version": "1.0", "content-type": "application/json"}
+    with anyio.fail_after(20):
+        async with (
+            role_server(tmp_path, lambda m: {"text": "ok"}) as server,
+            httpx.AsyncClient() as http,
+        ):
+            huge = await http.post(server.url + "/", content=chunks(), headers=headers)
+            small = await http.post(
+                server.url + "/",
+                json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "nope"}},
+                headers=headers,
+            )
+    assert "content-length" not in huge.request.headers
+    assert huge.status_code == 413
+    assert small.json()["error"]["code"] == -32001
+
+
+async def test_one_turn_at_a_time_in_a_context(tmp_path: Path) -> None:
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if not any(m["role"] == "tool" for m in messages):
+            return {"tool_calls": [{"name": "ask_parent", "arguments": {"question": "Which?"}}]}
+        return {"text": "answered"}
+
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, script) as server, a2a_client(server.url) as client:
+            first, _ = await collect(client, user_message("ask me", context_id="ctx-1"))
+            other, events = await collect(client, user_message("another task", context_id="ctx-1"))
+            waiting = task_id_of(first)
+            answered, _ = await collect(client, user_message("this one", task_id=waiting))
+    assert isinstance(events[-1], Failed)
+    assert f"waiting for input on task {waiting}" in events[-1].message
+    assert other[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
+    assert answered[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
