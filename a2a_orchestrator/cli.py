@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument(
         "--server", default="http://127.0.0.1:9100", help="the orchestrator server to ask first"
     )
+    stop.add_argument(
+        "--token-env",
+        default=DEFAULT_TOKEN_ENV,
+        help=f"environment variable with the server's bearer token (default: {DEFAULT_TOKEN_ENV})",
+    )
     _store_option(stop)
 
     resume = commands.add_parser(

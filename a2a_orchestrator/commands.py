@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
 EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
 """`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
 
+SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
 MODEL_HINT = (
     "set A2A_MODEL_BASE_URL (and A2A_MODEL_API_KEY if needed) to use a real OpenAI-compatible model"
 )
@@ -81,8 +84,8 @@ def _model_notice(settings: ModelSettings) -> None:
         say(f"model: scripted (offline) - no model endpoint is configured; {MODEL_HINT}")
 
 
-def _hooks(path: Path | None, workdir: Path) -> Hooks:
-    candidate = path or workdir / ".a2a" / "hooks.toml"
+def _hooks(path: Path | None, config_dir: Path) -> Hooks:
+    candidate = path or config_dir / "hooks.toml"
     if path is not None or candidate.exists():
         return load_hook_file(candidate)
     return Hooks()
@@ -111,8 +114,8 @@ async def _demo(args: argparse.Namespace) -> int:
     return EXIT_CODES[result.signal]
 
 
-def _reaction_rules(workdir: Path) -> list[Reaction]:
-    path = workdir / ".a2a" / "reactions.toml"
+def _reaction_rules(config_dir: Path) -> list[Reaction]:
+    path = config_dir / "reactions.toml"
     return load_reactions(path) if path.exists() else []
 
 
@@ -122,11 +125,17 @@ def _reactions(plane: ControlPlane, rules: list[Reaction]) -> Reactions | None:
 
 async def _run(args: argparse.Namespace) -> int:
     workdir = workdir_of(args.workdir)
+    if args.session is not None and not SESSION_ID.fullmatch(args.session):
+        raise OrchestratorError(
+            f"session id {args.session!r}: use 1-128 letters, digits, '.', '_' or '-'"
+        )
+    if args.parent:
+        find_role(args.role)  # an unknown role is a clear error before anything starts
     settings, models = _settings_and_models()
     _model_notice(settings)
     # Configuration is read before anything starts, so a bad file is a clear error.
-    hooks = _hooks(args.hooks, workdir)
-    rules = _reaction_rules(workdir)
+    hooks = _hooks(args.hooks, workdir / ".a2a")
+    rules = _reaction_rules(workdir / ".a2a")
     store = Store(args.store)
     async with Session(
         store, workdir=workdir, models=models, session_id=args.session, title=args.task
@@ -201,6 +210,8 @@ async def _serve(args: argparse.Namespace) -> int:
     workdir = workdir_of(args.workdir)
     settings, models = _settings_and_models()
     port = args.port if args.port is not None else DEFAULT_PORTS.get(args.role, 9110)
+    if not 0 <= port <= 65535:
+        raise OrchestratorError(f"port {port} is not in 0..65535")
     token = os.environ.get(args.token_env) or None
     common = dict(
         host=args.host,
@@ -221,8 +232,10 @@ async def _serve(args: argparse.Namespace) -> int:
             network=network,
             models=models,
             db=db,
-            hooks=_hooks(None, workdir),
-            reactions=_reaction_rules(workdir),
+            # Read beside the store, not from the work directory the agents
+            # can write: in a container the store lives on a private volume.
+            hooks=_hooks(None, store_path.parent),
+            reactions=_reaction_rules(store_path.parent),
             **common,
         )
         name = "orchestrator"
@@ -316,14 +329,24 @@ async def _events(args: argparse.Namespace) -> int:
 
 
 async def _stop(args: argparse.Namespace) -> int:
+    token = os.environ.get(args.token_env)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{args.server}/api/sessions/{args.session}/subagents/stop"
     try:
-        async with httpx.AsyncClient(timeout=15) as http:
-            response = await http.post(f"{args.server}/api/sessions/{args.session}/subagents/stop")
+        async with httpx.AsyncClient(timeout=15, headers=headers) as http:
+            response = await http.post(url)
+    except httpx.TransportError:
+        response = None  # no server: stop what the store says is running, directly
+    if response is not None:
         if response.status_code == 200:
             say(f"stopped {response.json()['stopped']} (through {args.server})")
             return 0
-    except httpx.HTTPError:
-        pass  # no server runs it: stop what the store says is running, directly
+        if response.status_code != 404:
+            # The server runs, but refused (401: check the token): acting
+            # behind its back would record as stopped what it still runs.
+            raise OrchestratorError(
+                f"{args.server} answered {response.status_code}: {response.text[:200]}"
+            )
     store = _existing_store(args.store)
     if await store.get_session(args.session) is None:
         raise OrchestratorError(f"no session {args.session!r} in {args.store}")

@@ -27,7 +27,13 @@ from typing import Any
 from a2a.helpers import get_message_text
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.types import InvalidParamsError, SendMessageRequest, Task, TaskNotFoundError
+from a2a.types import (
+    InvalidParamsError,
+    SendMessageRequest,
+    Task,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
 from google.protobuf.json_format import MessageToDict
 
 from .executor import RoleExecutor
@@ -71,10 +77,12 @@ class RoleRequestHandler(DefaultRequestHandler):
         if task is None:
             raise TaskNotFoundError(message=f"task {message.task_id} not found")
         executor = self.agent_executor
+        if not isinstance(executor, RoleExecutor):
+            raise UnsupportedOperationError(
+                message="this agent does not take control messages (no control extension)"
+            )
         text = get_message_text(message)
-        if not isinstance(executor, RoleExecutor) or not executor.control(
-            message.task_id, action, text
-        ):
+        if not executor.control(message.task_id, action, text):
             raise InvalidParamsError(
                 message=f"task {message.task_id} is not running on this server; nothing to {action}"
             )

@@ -45,6 +45,7 @@ from a2a.types import (
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from anyio.abc import TaskStatus as StartedStatus
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -52,6 +53,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import BaseRoute
 
 from ._version import __version__ as VERSION
+from .errors import ConfigError
 from .events import new_uuid
 from .executor import RoleExecutor
 from .handler import RoleRequestHandler
@@ -163,7 +165,15 @@ def open_task_store(db: str) -> TaskStore:
     SQLAlchemy async URL (PostgreSQL for replicas, or any other) gives
     a2a-sdk's `DatabaseTaskStore`."""
     if "://" in db:
-        return DatabaseTaskStore(create_async_engine(db), create_table=True)
+        try:
+            engine = create_async_engine(db)
+        except (ImportError, ArgumentError, ValueError) as exc:
+            raise ConfigError(
+                f"task store URL {db!r} cannot be used: {exc} (an async driver is needed, "
+                "e.g. sqlite+aiosqlite:// or postgresql+asyncpg:// with "
+                "pip install 'a2a-orchestrator[postgresql]')"
+            ) from exc
+        return DatabaseTaskStore(engine, create_table=True)
     return SQLiteTaskStore(Path(db).expanduser())
 
 

@@ -47,6 +47,8 @@ def up(args: argparse.Namespace) -> int:
             ]
             processes.append((spec.name, subprocess.Popen(command, stdout=subprocess.DEVNULL)))
             env[override_var(spec.name, "URL")] = f"http://127.0.0.1:{spec.port}"
+            # The roles take the same token the orchestrator is given.
+            env[override_var(spec.name, "TOKEN_ENV")] = "A2A_AUTH_TOKEN"
         for spec in local:
             _wait_for_card(f"http://127.0.0.1:{spec.port}", processes)
             say(f"  {spec.name:<12} http://127.0.0.1:{spec.port}")

@@ -129,7 +129,13 @@ def test_service_serves_its_role_on_its_port(
     assert command[:2] == ["serve", role]
     assert flag(command, "--host") == "0.0.0.0"
     assert flag(command, "--port") == str(port)
-    assert flag(command, "--public-url") == f"http://{name}:{port}"
+    if name == ORCHESTRATOR:
+        # Called from outside the compose network: the card names a host URL,
+        # and its store (beside its hooks and reactions) is on its own volume.
+        assert flag(command, "--public-url") == "${A2A_PUBLIC_URL:-http://127.0.0.1:9100}"
+        assert flag(command, "--store") == "/data/orchestrator.db"
+    else:
+        assert flag(command, "--public-url") == f"http://{name}:{port}"
     assert flag(command, "--workdir") == "/work"
     assert service["ports"] == [f"{port}:{port}"]
 
