@@ -45,7 +45,7 @@ from a2a.types import (
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from anyio.abc import TaskStatus as StartedStatus
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -167,7 +167,7 @@ def open_task_store(db: str) -> TaskStore:
     if "://" in db:
         try:
             engine = create_async_engine(db)
-        except (ImportError, ArgumentError, ValueError) as exc:
+        except (ImportError, SQLAlchemyError, ValueError) as exc:
             raise ConfigError(
                 f"task store URL {db!r} cannot be used: {exc} (an async driver is needed, "
                 "e.g. sqlite+aiosqlite:// or postgresql+asyncpg:// with "

@@ -275,3 +275,58 @@ def test_run_parent_with_the_observer_role_offline(tmp_path: Path) -> None:
     # Offline, the observer's model is the scripted notice, which skips.
     assert result.returncode == 3, result.stdout + result.stderr
     assert "[observer] started" in result.stdout and "TASK_SKIPPED" in result.stdout
+
+
+def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy_port = taken.getsockname()[1]
+    try:
+        cases = {
+            "session": cli("run", "x", "--session", "/tmp/escape", cwd=tmp_path),
+            "role": cli("run", "x", "--parent", "--role", "nosuch", cwd=tmp_path),
+            "port": cli("serve", "coder", "--port", "70000", cwd=tmp_path),
+            "db": cli("serve", "coder", "--port", "0", "--db", "postgresql://h/db", cwd=tmp_path),
+            "busy": cli("serve", "coder", "--port", str(busy_port), cwd=tmp_path),
+        }
+    finally:
+        taken.close()
+    expected = {
+        "session": "session id '/tmp/escape'",
+        "role": "Unknown role 'nosuch'",
+        "port": "port 70000 is not in 0..65535",
+        "db": "task store URL 'postgresql://h/db' cannot be used",
+        "busy": f"cannot listen on 127.0.0.1:{busy_port}",
+    }
+    for name, result in cases.items():
+        assert result.returncode == 2, (name, result.stdout, result.stderr)
+        assert expected[name] in result.stderr, (name, result.stderr)
+        assert "Traceback" not in result.stderr, name
+    assert not Path("/tmp/escape-x-multiagent").exists()
+
+
+def test_stop_never_acts_behind_a_server_that_refuses(tmp_path: Path) -> None:
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": "s3cret"}
+    with serve_process(tmp_path, "orchestrator", env=env) as (process, url, _):
+        refused = subprocess.run(
+            [*CLI, "stop", "some-session", "--server", url],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=30,
+            env={**os.environ, **OFFLINE, "A2A_AUTH_TOKEN": ""},
+        )
+        allowed = subprocess.run(
+            [*CLI, "stop", "some-session", "--server", url],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=30,
+            env={**os.environ, **env},
+        )
+        process.send_signal(signal.SIGTERM)
+    assert refused.returncode == 2 and "answered 401" in refused.stderr
+    # With the token the server answers; an unknown session there is a 404,
+    # and the store here has none either.
+    assert allowed.returncode == 2 and "no session 'some-session'" in allowed.stderr
