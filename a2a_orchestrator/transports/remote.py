@@ -157,17 +157,22 @@ class RemoteRun:
                 await self._send_cancel()
 
     async def _relay(self, responses: AsyncIterator[StreamResponse], emit: Emit) -> bool:
-        """Emit a stream's events; True once the turn is over."""
-        async for response in responses:
-            events = self.decoder.decode(response)
-            await self._note_ids()
-            for event in events:
-                await emit(event)
-            if self.decoder.finished_turn:
-                return True
+        """Emit a stream's events; True once the turn is over. The stream is
+        closed here, also when the turn ends before it does."""
+        async with contextlib.aclosing(responses) as stream:  # type: ignore[type-var]
+            async for response in stream:
+                events = self.decoder.decode(response)
+                await self._note_ids()
+                for event in events:
+                    await emit(event)
+                if self.decoder.finished_turn:
+                    return True
         return self.decoder.finished_turn
 
     async def turn(self, text: str | None, emit: Emit) -> None:
+        # A cancel asked for before an earlier turn's task had an id does not
+        # carry over to this turn (the handle stops a turn not yet started).
+        self._cancel_requested = False
         if text is not None:
             message = new_text_message(text, role=Role.ROLE_USER)
             self.decoder.new_turn()
