@@ -336,6 +336,7 @@ class ChildHandle:
         if not self._active:
             return False
         self._interrupting = True
+        self.paused = False  # the run resumes to end its turn
         try:
             await self.run.interrupt()
             with anyio.move_on_after(_CANCEL_GRACE):

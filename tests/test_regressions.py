@@ -1,0 +1,126 @@
+"""Regressions found in review: each test names the failure it guards against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from test_delegation import TRANSPORTS, session_for
+
+from a2a_orchestrator.control import ControlPlane
+from a2a_orchestrator.events import Done
+from a2a_orchestrator.hooks import Hooks
+from a2a_orchestrator.reactions import Reaction, Reactions
+from a2a_orchestrator.session import Session
+from a2a_orchestrator.supervisor import Selector
+
+pytestmark = pytest.mark.anyio
+
+
+def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    return {"text": "answer to " + " + ".join(users), "delay": 0.1}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_slow_watcher_of_done_does_not_leave_wait_agent_hanging(
+    transport: str, tmp_path: Path
+) -> None:
+    """A listener awaiting on the terminal event used to wake the plane before
+    the child was idle, and nothing woke it again: wait_agent timed out."""
+    with anyio.fail_after(20):
+        async with session_for(transport, tmp_path, script) as session:
+            plane = ControlPlane(session, wait_bounds_ms=(10_000, 60_000))
+            rule = Reaction(event=Selector(kind="done"), inject="done: {{ event.content }}")
+            reactions = Reactions(plane, [rule])
+            child = await plane.spawn_agent("coder", "one")
+            answer = await plane.wait_agent(child.child_id)
+            report = await plane.agent_manage(block_for=5)
+            reactions.close()
+            plane.close()
+    assert answer["status"] == "completed"
+    assert report[0]["status"] == "idle"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_delivery_survives_a_restart_and_happens_once(transport: str, tmp_path: Path) -> None:
+    """Delivery state lived in memory: after a restart wait_agent on a finished
+    child timed out, and re-deliveries stored the result twice."""
+    with anyio.fail_after(30):
+        async with session_for(transport, tmp_path, script) as session:
+            async with Session(
+                session.store,
+                workdir=tmp_path,
+                network=session.network,
+                models=session.models,
+                session_id="s",
+            ) as first:
+                plane = ControlPlane(first)
+                child = await plane.spawn_agent("coder", "one")
+                await plane.wait_agent(child.child_id)
+                plane.close()
+            async with Session(
+                session.store,
+                workdir=tmp_path,
+                network=session.network,
+                models=session.models,
+                session_id="s",
+            ) as second:
+                plane = ControlPlane(second, wait_bounds_ms=(100, 1000))
+                again = await plane.wait_agent(child.child_id)
+                report = await plane.agent_manage(block_for=1)
+                plane.close()
+            results = await session.store.events("s", kinds=["subagent_result"])
+    assert again["status"] == "completed" and again["result"] == "answer to one"
+    assert [e["child_id"] for e in report] == [child.child_id]
+    assert len(results) == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_follow_up_turn_is_recorded_as_running(transport: str, tmp_path: Path) -> None:
+    """A follow-up left the row 'completed' while it ran, so a crash lost it."""
+    with anyio.fail_after(20):
+        async with session_for(transport, tmp_path, script) as session:
+            plane = ControlPlane(session)
+            child = await plane.spawn_agent("coder", "one")
+            await plane.wait_agent(child.child_id)
+            await child.send("two")
+            while not any(e.kind == "started" for e in child.log[4:]):
+                await anyio.sleep(0.01)
+            during = await session.store.get_child(child.child_id)
+            final = await child.result()
+            after = await session.store.get_child(child.child_id)
+            plane.close()
+    assert during is not None and during.status == "running" and during.completed_at is None
+    assert isinstance(final, Done) and final.text == "answer to one + two"
+    assert after is not None and after.status == "completed"
+
+
+async def test_a_failing_watcher_does_not_unmake_a_result(tmp_path: Path) -> None:
+    """A listener's exception used to add a second terminal event (failed)."""
+    hooks = Hooks()
+
+    def broken(info: Any) -> None:
+        raise RuntimeError("the hook broke")
+
+    hooks.on("complete", broken)
+    with anyio.fail_after(20):
+        async with session_for("local", tmp_path, script) as session:
+
+            async def explode(handle: Any, event: Any) -> None:
+                if event.kind == "done":
+                    raise RuntimeError("the watcher broke")
+
+            remove = session.add_listener(explode)
+            plane = ControlPlane(session, hooks=hooks)
+            child = await plane.spawn_agent("coder", "one")
+            answer = await plane.wait_agent(child.child_id)
+            remove()
+            plane.close()
+            record = await session.store.get_child(child.child_id)
+    terminals = [e.kind for e in child.log if e.kind in ("done", "failed")]
+    assert terminals == ["done"]
+    assert answer["status"] == "completed"
+    assert record is not None and record.status == "completed"
