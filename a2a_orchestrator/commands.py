@@ -333,10 +333,13 @@ async def _stop(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = f"{args.server}/api/sessions/{args.session}/subagents/stop"
     try:
-        async with httpx.AsyncClient(timeout=15, headers=headers) as http:
+        async with httpx.AsyncClient(timeout=120, headers=headers) as http:
             response = await http.post(url)
-    except httpx.TransportError:
+    except httpx.ConnectError:
         response = None  # no server: stop what the store says is running, directly
+    except httpx.HTTPError as exc:
+        # A server that is there but slow still owns its children.
+        raise OrchestratorError(f"{args.server} did not answer: {exc}") from exc
     if response is not None:
         if response.status_code == 200:
             say(f"stopped {response.json()['stopped']} (through {args.server})")

@@ -222,7 +222,8 @@ class ChildHandle:
         self._wake = anyio.Event()
         self._closed = False
         self._cancelling = False
-        self._interrupting = False
+        self._turn = 0
+        self._interrupted_turn = -1
         self.paused = False
         """Held at its next step boundary by `pause()` until `resume()`."""
 
@@ -252,6 +253,10 @@ class ChildHandle:
             if event.kind in TERMINAL_KINDS:
                 return event
         return None
+
+    def _ended_since(self, start: int) -> bool:
+        """A turn-ending event was logged at or after `start` (this turn's)."""
+        return any(e.kind in TERMINAL_KINDS for e in self._log[start:])
 
     def _ends_turn(self) -> bool:
         return bool(self._log) and self._log[-1].kind in TERMINAL_KINDS
@@ -335,15 +340,13 @@ class ChildHandle:
         """Stop the running turn, keep the conversation; False when no turn ran."""
         if not self._active:
             return False
-        self._interrupting = True
+        turn = self._turn
+        self._interrupted_turn = turn  # this turn only; a queued one still runs
         self.paused = False  # the run resumes to end its turn
-        try:
-            await self.run.interrupt()
-            with anyio.move_on_after(_CANCEL_GRACE):
-                while self._active:
-                    await self._changed.wait()
-        finally:
-            self._interrupting = False
+        await self.run.interrupt()
+        with anyio.move_on_after(_CANCEL_GRACE):
+            while self._active and self._turn == turn:
+                await self._changed.wait()
         return True
 
     @property
@@ -372,17 +375,20 @@ class ChildHandle:
                     await wake.wait()
                 text = self._pending.pop(0)
                 self._active = True
+                self._turn += 1
+                start = len(self._log)
                 try:
                     if text is not None and self._sink is not None:
                         await self._sink(self, text)
-                    if self._cancelling or self._interrupting:
+                    interrupted = self._interrupted_turn == self._turn
+                    if self._cancelling or interrupted:
                         # Stopped between taking the input and starting the
                         # turn, when the run had nothing yet to stop.
                         message = CANCELED_TEXT if self._cancelling else INTERRUPTED_TEXT
                         await self._emit(Failed(reason="aborted", message=message))
                         continue
                     await self.run.turn(text, self._emit)
-                    if not self._ends_turn():
+                    if not self._ended_since(start):
                         await self._emit(
                             Failed(
                                 reason="error",
@@ -391,7 +397,7 @@ class ChildHandle:
                         )
                 except Exception as exc:  # contained: one child's failure is its own
                     logger.exception("child %s failed", self.child_id)
-                    if not self._ends_turn():
+                    if not self._ended_since(start):
                         # One terminal event per turn: a failure after the
                         # turn's end (a listener's) does not unmake its result.
                         message = f"{type(exc).__name__}: {exc}"

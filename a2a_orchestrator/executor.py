@@ -186,14 +186,18 @@ class RoleExecutor(AgentExecutor):
         async def emit(event: ChildEvent) -> None:
             await publish(updater, event)
 
-        conversation = self._conversations.pop(context_id, None)
+        conversation = self._conversations.get(context_id)
         if conversation is None:
             try:
-                conversation = await self._open(context, task)
+                opened = await self._open(context, task)
             except ConfigError as exc:
                 await emit(Failed(reason="error", message=str(exc)))
                 return
+            # Another request for this context may have opened it meanwhile:
+            # there is one conversation per context, the first one installed.
+            conversation = self._conversations.get(context_id) or opened
         # Most recently used last: the oldest idle ones are evicted first.
+        self._conversations.pop(context_id, None)
         self._conversations[context_id] = conversation
         busy = self._busy(context_id, task_id, conversation)
         if busy:

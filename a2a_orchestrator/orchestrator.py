@@ -13,8 +13,11 @@ update with `kind = child_event` and a data part naming the child. The HTTP
 control API (`api.py`) is served beside the A2A endpoint.
 
 Sessions are held open by a task group the server's lifespan owns, so
-children outlive the request that spawned them and are stopped, at the
-latest, when the server stops.
+children outlive the request that spawned them; a session closes when no
+request uses it and none of its children runs. When the server stops, its
+running A2A tasks fail with reason `lost` and the children are left as they
+are: remote ones keep working, and `resume` (or the next request of a
+delegate session) picks them up.
 """
 
 from __future__ import annotations
@@ -107,8 +110,11 @@ class _Host:
     lets it go and it has nothing running.
     """
 
-    def __init__(self, open_session: Callable[[str], Session]) -> None:
+    def __init__(
+        self, open_session: Callable[[str], Session], closed: Callable[[str], None]
+    ) -> None:
         self._open = open_session
+        self._closed = closed
         self._tg: TaskGroup | None = None
         self.sessions: dict[str, Session] = {}
         self._release: dict[str, anyio.Event] = {}
@@ -147,21 +153,32 @@ class _Host:
         finally:
             self.sessions.pop(session_id, None)
             self._release.pop(session_id, None)
+            self._closed(session_id)
 
-    def release(self, session_id: str) -> bool:
-        """One request is done with the session; True when it was the last."""
+    def release(self, session_id: str) -> None:
+        """One request is done with the session; it closes once no request
+        uses it and no child of it is running (maybe later, when they end)."""
         users = self._users.get(session_id, 1) - 1
         if users > 0:
             self._users[session_id] = users
-            return False
+            return
         self._users.pop(session_id, None)
         session = self.sessions.get(session_id)
-        if session is not None and any(h.running for h in session.children.values()):
-            return False  # children still work: the session stays open for them
-        event = self._release.get(session_id)
-        if event is not None:
-            event.set()
-        return True
+        if session is None:
+            return
+
+        def close_when_idle(_handle: object = None) -> None:
+            if session_id in self._users:
+                return  # a new request came: it releases the session again
+            if any(h.running for h in session.children.values()):
+                return
+            remove()
+            event = self._release.get(session_id)
+            if event is not None:
+                event.set()
+
+        remove = session.add_settle_listener(close_when_idle)
+        close_when_idle()
 
 
 class OrchestratorExecutor(AgentExecutor):
@@ -191,6 +208,7 @@ class OrchestratorExecutor(AgentExecutor):
         self._runs: dict[str, Pipeline | ParentAgent] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._parents: dict[str, ParentAgent] = {}
+        self._parent_lock = anyio.Lock()
         self._reacting: dict[str, Reactions] = {}
         self.host = _Host(
             lambda session_id: Session(
@@ -201,7 +219,8 @@ class OrchestratorExecutor(AgentExecutor):
                 session_id=session_id,
                 parent_model=parent_model,
                 lost_after=lost_after,
-            )
+            ),
+            self._session_closed,
         )
 
     def running(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -264,14 +283,7 @@ class OrchestratorExecutor(AgentExecutor):
         finally:
             self._runs.pop(task_id, None)
             self._scopes.pop(task_id, None)
-            if self.host.release(context_id):
-                self.planes.pop(context_id, None)
-                reactions = self._reacting.pop(context_id, None)
-                if reactions is not None:
-                    reactions.close()
-                parent = self._parents.pop(context_id, None)
-                if parent is not None:
-                    parent.close()
+            self.host.release(context_id)
 
     async def _forward(
         self, relay: anyio.abc.ObjectReceiveStream[RelayedEvent], updater: TaskUpdater
@@ -301,7 +313,8 @@ class OrchestratorExecutor(AgentExecutor):
         if plane is None:
             plane = self.planes[session.id] = ControlPlane(session, hooks=self.hooks)
         self._react(plane)
-        await session.recover()
+        # A new pipeline run does not resume an earlier, interrupted one's
+        # passes (`a2a-orchestrator resume` does, when asked).
         title = text.strip().splitlines()[0][:80] if text.strip() else "task"
         brief = Brief(task=TaskSpec(id=task_id[:8], title=title, description=text))
         pipeline = Pipeline(session, brief)
@@ -325,20 +338,31 @@ class OrchestratorExecutor(AgentExecutor):
     ) -> None:
         # One parent agent per session while the session is open; a later
         # request restores it from the store.
-        parent = self._parents.get(session.id)
-        if parent is None:
-            parent = await ParentAgent.restore(
-                session,
-                self.models(self.parent_model),
-                hooks=self.hooks,
-                max_concurrent=self.max_concurrent,
-            )
-            self._parents[session.id] = parent
+        async with self._parent_lock:
+            parent = self._parents.get(session.id)
+            if parent is None:
+                parent = await ParentAgent.restore(
+                    session,
+                    self.models(self.parent_model),
+                    hooks=self.hooks,
+                    max_concurrent=self.max_concurrent,
+                )
+                self._parents[session.id] = parent
         self.planes[session.id] = parent.plane
         self._react(parent.plane)
         await session.recover()
         self._runs[task_id] = parent
         await parent.run(text, emit)
+
+    def _session_closed(self, session_id: str) -> None:
+        """Forget what belonged to a session the host closed."""
+        self.planes.pop(session_id, None)
+        reactions = self._reacting.pop(session_id, None)
+        if reactions is not None:
+            reactions.close()
+        parent = self._parents.pop(session_id, None)
+        if parent is not None:
+            parent.close()
 
     def _react(self, plane: ControlPlane) -> None:
         """Attach the configured reactions to a session's root parent (once)."""

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+
 from .control import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_DEPTH, WAIT_BOUNDS_MS, ControlPlane
 from .errors import ControlError, ToolError
 from .events import CHILD_EVENT_KINDS, ChildEvent, MessageDelta, event_from_dict, event_to_dict
@@ -189,6 +191,8 @@ class ParentAgent:
         self.last: ChildEvent | None = None
         """How the parent's latest turn ended."""
         self._turns: list[str] | None = None
+        self._turn_lock = anyio.Lock()
+        """Turns run one at a time: a client's and one an injection started."""
 
     @classmethod
     async def restore(cls, session: Session, model: Model, **kwargs: Any) -> ParentAgent:
@@ -200,6 +204,8 @@ class ParentAgent:
         for item in await session.store.events(session.id):
             if item.child_id is not None:
                 continue
+            if item.kind == "inject" and item.payload.get("as_turn"):
+                continue  # the turn it started stored it as that turn's input
             if item.kind in ("input", "subagent_result", "inject"):
                 entries.append(str(item.payload.get("text", "")))
             elif item.kind in CHILD_EVENT_KINDS:
@@ -214,6 +220,10 @@ class ParentAgent:
 
     async def run(self, text: str | None, emit: Emit | None = None) -> ChildEvent:
         """One turn of the parent; its input and events go to the session's transcript."""
+        async with self._turn_lock:
+            return await self._run(text, emit)
+
+    async def _run(self, text: str | None, emit: Emit | None) -> ChildEvent:
         store = self.session.store
         if not self.supervisor.loaded:
             await self.supervisor.load()

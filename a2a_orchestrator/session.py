@@ -93,6 +93,7 @@ class Session:
         self._children: dict[str, ChildHandle] = {}
         self._listeners: list[Listener] = []
         self._settle_listeners: list[Callable[[ChildHandle], None]] = []
+        self._reopening: dict[str, anyio.Event] = {}
         self.nested_planes: dict[str, Any] = {}
         """Control planes of children that are parents themselves (depth > 1),
         by child id; their inbox is the child's conversation."""
@@ -303,6 +304,22 @@ class Session:
         return AgentSpec(name=record.agent or record.role, role=record.role)
 
     async def _reopen(self, record: ChildRecord, *, resume: bool) -> ChildHandle:
+        # Reopening awaits (the store, a remote card): callers racing for the
+        # same child share the one handle instead of opening two runs.
+        opening = self._reopening.get(record.child_id)
+        if opening is not None:
+            await opening.wait()
+        existing = self._children.get(record.child_id)
+        if existing is not None:
+            return existing
+        done = self._reopening[record.child_id] = anyio.Event()
+        try:
+            return await self._open_again(record, resume=resume)
+        finally:
+            del self._reopening[record.child_id]
+            done.set()
+
+    async def _open_again(self, record: ChildRecord, *, resume: bool) -> ChildHandle:
         tg = self._opened()
         stored = await self.store.events(self.id, child_id=record.child_id)
         entries: list[str | ChildEvent] = []

@@ -410,8 +410,11 @@ class Supervisor:
                 child_id=self.plane.parent_id or None,
             )
         else:
-            await self.inject(text, subscription=subscription.id, child_id=handle.child_id)
-            if subscription.run_turn and self.start_turn is not None:
+            as_turn = subscription.run_turn and self.start_turn is not None
+            await self.inject(
+                text, subscription=subscription.id, child_id=handle.child_id, as_turn=as_turn
+            )
+            if as_turn and self.start_turn is not None:
                 await self.start_turn(text)
             elif self.plane.inbox is not None:
                 self.plane.inbox.steer(text)
@@ -419,12 +422,20 @@ class Supervisor:
             await handle.resume()
             await self._record(handle, "resume")
 
-    async def inject(self, text: str, *, subscription: str = "", child_id: str = "") -> None:
-        """Record an injection in the parent's transcript."""
+    async def inject(
+        self, text: str, *, subscription: str = "", child_id: str = "", as_turn: bool = False
+    ) -> None:
+        """Record an injection in the parent's transcript. `as_turn`: it starts
+        a parent turn, whose input row records it in the transcript already."""
         await self.session.store.append_event(
             self.session.id,
             "inject",
-            {"text": text, "subscription": subscription, "from_child": child_id},
+            {
+                "text": text,
+                "subscription": subscription,
+                "from_child": child_id,
+                "as_turn": as_turn,
+            },
             child_id=self.plane.parent_id or None,
         )
 

@@ -18,11 +18,22 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from .events import AssistantMessage, ChildEvent, ToolCalled, ToolResult
+from .events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    InputRequired,
+    Started,
+    ToolCalled,
+    ToolResult,
+)
 from .models.base import ChatMessage
 from .runtime import ASK_PARENT
 
-__all__ = ["rebuild_transcript"]
+__all__ = ["UNFINISHED_CALL", "rebuild_transcript"]
+
+UNFINISHED_CALL = "(the turn ended before this call finished)"
 
 
 def rebuild_transcript(
@@ -85,6 +96,16 @@ def rebuild_transcript(
             step_open = False
             if not open_calls:
                 flush()
+        elif isinstance(entry, Started | Done | Failed | InputRequired) and open_calls:
+            # The turn ended (aborted, timed out) with calls still running:
+            # they get a result saying so, so every call keeps its answer.
+            for call_id in sorted(open_calls):
+                messages.append(
+                    {"role": "tool", "tool_call_id": call_id, "content": UNFINISHED_CALL}
+                )
+            open_calls.clear()
+            step_open = False
+            flush()
     _drop_unfinished_step(messages, pending_ask)
     flush()
     return messages

@@ -124,3 +124,81 @@ async def test_a_failing_watcher_does_not_unmake_a_result(tmp_path: Path) -> Non
     assert terminals == ["done"]
     assert answer["status"] == "completed"
     assert record is not None and record.status == "completed"
+
+
+def test_a_turn_aborted_mid_tool_keeps_the_rest_of_the_transcript() -> None:
+    """An aborted step's open call used to swallow every later turn on rebuild."""
+    from a2a_orchestrator.events import AssistantMessage, Failed, Started, ToolCalled
+    from a2a_orchestrator.transcript import UNFINISHED_CALL, rebuild_transcript
+
+    entries = [
+        "first",
+        Started(),
+        ToolCalled(call_id="c1", tool="run_command", arguments={}),
+        Failed(reason="aborted", message="interrupted"),
+        "second",
+        Started(),
+        AssistantMessage(text="hi"),
+        Done(text="hi"),
+        "third",
+        Started(),
+        AssistantMessage(text="bye"),
+    ]
+    messages = rebuild_transcript("sys", entries)
+    assert [(m["role"], m.get("content")) for m in messages] == [
+        ("system", "sys"),
+        ("user", "first"),
+        ("assistant", None),
+        ("tool", UNFINISHED_CALL),
+        ("user", "second"),
+        ("assistant", "hi"),
+        ("user", "third"),
+        ("assistant", "bye"),
+    ]
+
+
+async def test_a_follow_up_that_raises_ends_failed_not_silently(tmp_path: Path) -> None:
+    """The check for a terminal event read the previous turn's and dropped this one."""
+    from a2a_orchestrator.delegation import ChildHandle
+
+    class Run:
+        transport, model, task_id, context_id = "local", "m", "", ""
+        turns = 0
+
+        async def turn(self, text: Any, emit: Any) -> None:
+            self.turns += 1
+            if self.turns == 2:
+                raise RuntimeError("agent gone")
+            await emit(Done(text="first"))
+
+        async def aclose(self) -> None:
+            pass
+
+    handle = ChildHandle(child_id="c", agent="a", role="r", run=Run())  # type: ignore[arg-type]
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            handle.start(tg)
+            await handle.send("one")
+            first = await handle.result()
+            await handle.send("two")
+            second = await handle.result()
+            tg.cancel_scope.cancel()
+    assert isinstance(first, Done)
+    assert second.kind == "failed" and "agent gone" in second.message  # type: ignore[union-attr]
+
+
+async def test_interrupt_spares_the_turn_queued_behind(tmp_path: Path) -> None:
+    """The interrupt flag used to also fail the follow-up queued behind the turn."""
+    with anyio.fail_after(20):
+        async with session_for("local", tmp_path, script) as session:
+            plane = ControlPlane(session)
+            child = await plane.spawn_agent("coder", "one")
+            while not child.log:
+                await anyio.sleep(0.01)
+            await child.send("two")
+            assert await child.interrupt()
+            final = await child.result()
+            plane.close()
+    kinds = [e.kind for e in child.log if e.kind in ("done", "failed")]
+    assert kinds == ["failed", "done"]
+    assert isinstance(final, Done) and final.text.startswith("answer to one")
