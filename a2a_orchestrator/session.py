@@ -194,18 +194,7 @@ class Session:
             run = await self.local.open(spec, config, child_id=child_id, extra_tools=extra)
             self._bind_nested(child_id, run)
         await self.store.add_child(record)
-        handle = ChildHandle(
-            child_id=child_id,
-            agent=spec.name,
-            role=spec.role,
-            run=run,
-            sink=self._sink,
-            parent_id=parent_id,
-            depth=depth,
-            on_event=self._relay,
-            on_settled=self._settled,
-        )
-        self._children[child_id] = handle
+        handle = self._hold(record, spec, run)
         await handle.send(config.prompt)
         handle.start(tg)
         return handle
@@ -350,21 +339,7 @@ class Session:
                 spec, config, child_id=record.child_id, entries=entries, extra_tools=extra
             )
             self._bind_nested(record.child_id, run)
-        status: ChildStatus = record.status if record.status in _STATUSES else "running"  # type: ignore[assignment]
-        handle = ChildHandle(
-            child_id=record.child_id,
-            agent=spec.name,
-            role=spec.role,
-            run=run,
-            sink=self._sink,
-            history=history,
-            status=status,
-            parent_id=record.parent_id,
-            depth=record.depth,
-            on_event=self._relay,
-            on_settled=self._settled,
-        )
-        self._children[record.child_id] = handle
+        handle = self._hold(record, spec, run, history)
         if resume and not handle.settled:
             handle.continue_turn()
         elif resume and history:
@@ -373,6 +348,31 @@ class Session:
             # store written by an older version may show it): settle it now.
             await self.store.update_child(record.child_id, **_changes(history[-1]))
         handle.start(tg)
+        return handle
+
+    def _hold(
+        self,
+        record: ChildRecord,
+        spec: AgentSpec,
+        run: ChildRun,
+        history: list[ChildEvent] | None = None,
+    ) -> ChildHandle:
+        """The handle of a child this session now holds (new or reopened)."""
+        status: ChildStatus = record.status if record.status in _STATUSES else "running"  # type: ignore[assignment]
+        handle = ChildHandle(
+            child_id=record.child_id,
+            agent=spec.name,
+            role=spec.role,
+            run=run,
+            sink=self._sink,
+            history=history or (),
+            status=status,
+            parent_id=record.parent_id,
+            depth=record.depth,
+            on_event=self._relay,
+            on_settled=self._settled,
+        )
+        self._children[record.child_id] = handle
         return handle
 
     def _attached(self, child_id: str) -> Callable[[str, str], Any]:
