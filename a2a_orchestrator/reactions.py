@@ -29,7 +29,7 @@ from .delegation import ChildHandle
 from .errors import ConfigError, ControlError
 from .events import ChildEvent
 from .lookup import toml_tables
-from .supervisor import Selector, event_context, render_inject
+from .selectors import Selector, event_context, render_inject
 
 __all__ = ["REACTION_SIGNALS", "Reaction", "Reactions", "load_reactions"]
 

@@ -13,8 +13,8 @@ from a2a_orchestrator.control import ControlPlane
 from a2a_orchestrator.events import Done
 from a2a_orchestrator.hooks import Hooks
 from a2a_orchestrator.reactions import Reaction, Reactions
+from a2a_orchestrator.selectors import Selector
 from a2a_orchestrator.session import Session
-from a2a_orchestrator.supervisor import Selector
 
 pytestmark = pytest.mark.anyio
 
