@@ -106,8 +106,11 @@ def agent_card(
             AgentInterface(
                 url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="1.0"
             ),
-            # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick this one.
+            # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick these.
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
+            AgentInterface(
+                url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="0.3"
+            ),
         ],
         capabilities=AgentCapabilities(
             streaming=True, push_notifications=False, extensions=list(extensions)

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers import new_text_message
 from a2a.types import (
     CancelTaskRequest,
@@ -287,7 +288,12 @@ async def test_card_describes_the_role(tmp_path: Path) -> None:
     assert card["name"] == "architect"
     assert card["capabilities"]["streaming"] is True
     bindings = {(i["protocolBinding"], i["protocolVersion"]) for i in card["supportedInterfaces"]}
-    assert bindings == {("JSONRPC", "1.0"), ("HTTP+JSON", "1.0"), ("JSONRPC", "0.3")}
+    assert bindings == {
+        ("JSONRPC", "1.0"),
+        ("HTTP+JSON", "1.0"),
+        ("JSONRPC", "0.3"),
+        ("HTTP+JSON", "0.3"),
+    }
     assert {s["id"] for s in card["skills"]} >= {"software-design"}
     assert "securitySchemes" not in card
 
@@ -414,3 +420,21 @@ async def test_one_turn_at_a_time_in_a_context(tmp_path: Path) -> None:
     assert f"waiting for input on task {waiting}" in events[-1].message
     assert other[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
     assert answered[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_a_v0_3_client_over_http_json(tmp_path: Path) -> None:
+    """A 0.3 peer that prefers HTTP+JSON picks the card's 0.3 REST interface."""
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, lambda m: {"text": "rest ok"}) as server:
+            async with httpx.AsyncClient(timeout=30) as http:
+                card = await A2ACardResolver(http, server.url).get_agent_card()
+                legacy = [i for i in card.supported_interfaces if i.protocol_version == "0.3"]
+                del card.supported_interfaces[:]
+                card.supported_interfaces.extend(legacy)
+                config = ClientConfig(
+                    httpx_client=http, streaming=True, supported_protocol_bindings=["HTTP+JSON"]
+                )
+                client = ClientFactory(config).create(card)
+                _, events = await collect(client, user_message("hi"))
+                await client.close()
+    assert isinstance(events[-1], Done) and events[-1].text == "rest ok"
