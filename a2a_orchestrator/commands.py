@@ -17,7 +17,14 @@ import httpx
 from .control import ControlPlane
 from .delegation import CANCELED_TEXT, ChildConfig
 from .errors import OrchestratorError
-from .events import ChildEvent, Done, Failed, event_from_dict, event_to_dict
+from .events import (
+    CHILD_EVENT_KINDS,
+    ChildEvent,
+    Done,
+    Failed,
+    event_from_dict,
+    event_to_dict,
+)
 from .hooks import Hooks, load_hook_file
 from .models import ModelSettings, describe_model, is_scripted, resolve_model
 from .network import AgentSpec, Network
@@ -319,11 +326,15 @@ async def _events(args: argparse.Namespace) -> int:
                 say(json.dumps(event.as_json(), ensure_ascii=False))
                 continue
             who = event.child_id or "parent"
-            if event.kind in ("input", "steer", "subagent_result"):
-                text = " ".join(str(event.payload.get("text", "")).split())[:100]
-                say(f"{event.seq:>5}  {who:<12} {event.kind}: {text}")
+            if event.kind in CHILD_EVENT_KINDS:
+                line = describe_event(event_from_dict(event.payload))
             else:
-                say(f"{event.seq:>5}  {who:<12} {describe_event(event_from_dict(event.payload))}")
+                # Records beside the transcript: inputs, steering, delivered
+                # results, injections, control actions.
+                detail = event.payload.get("text") or event.payload.get("action") or ""
+                detail = detail or event.payload.get("error", "")
+                line = f"{event.kind}: {' '.join(str(detail).split())[:100]}"
+            say(f"{event.seq:>5}  {who:<12} {line}")
     store.close()
     return 0
 

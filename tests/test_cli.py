@@ -330,3 +330,29 @@ def test_stop_never_acts_behind_a_server_that_refuses(tmp_path: Path) -> None:
     # With the token the server answers; an unknown session there is a 404,
     # and the store here has none either.
     assert allowed.returncode == 2 and "no session 'some-session'" in allowed.stderr
+
+
+@pytest.mark.anyio
+async def test_events_shows_every_kind_of_record(tmp_path: Path) -> None:
+    from a2a_orchestrator.store import Store
+
+    store = Store(tmp_path / ".a2a" / "orchestrator.db")
+    await store.create_session("s1", title="records")
+    await store.append_event("s1", "input", {"text": "do it"}, child_id="c1")
+    await store.append_event(
+        "s1", "started", {"kind": "started", "role": "coder", "model": "m"}, child_id="c1"
+    )
+    await store.append_event("s1", "control", {"action": "pause"}, child_id="c1")
+    await store.append_event("s1", "inject", {"text": "coder failed"})
+    await store.append_event("s1", "inject_failed", {"error": "bad template"})
+    store.close()
+    result = cli("events", "s1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(maxsplit=2)[2] for line in lines] == [
+        "input: do it",
+        "started (m)",
+        "control: pause",
+        "inject: coder failed",
+        "inject_failed: bad template",
+    ]
