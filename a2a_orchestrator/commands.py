@@ -365,11 +365,12 @@ async def _stop(args: argparse.Namespace) -> int:
     if await store.get_session(args.session) is None:
         raise OrchestratorError(f"no session {args.session!r} in {args.store}")
     stopped = 0
+    network = Network.load()
     remote = RemoteDelegate()
     try:
         for record in await store.list_children(session_id=args.session, statuses=["running"]):
             if record.transport == "remote" and record.a2a_task_id:
-                spec = Network.load().agents.get(record.agent)
+                spec = network.agents.get(record.agent)
                 target = AgentSpec(
                     name=record.agent,
                     role=record.role,

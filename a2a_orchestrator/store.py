@@ -172,6 +172,20 @@ class StoredEvent:
         return asdict(self)
 
 
+def _filters(
+    equal: Mapping[str, Any], column: str, one_of: Iterable[str] | None
+) -> tuple[list[str], list[Any]]:
+    """WHERE clauses and parameters: each non-None `equal` value must match,
+    and `column` must be one of `one_of` when it is given."""
+    clauses = [f"{name} = ?" for name, value in equal.items() if value is not None]
+    params: list[Any] = [value for value in equal.values() if value is not None]
+    if one_of is not None:
+        wanted = list(one_of)
+        clauses.append(f"{column} IN ({', '.join('?' for _ in wanted)})")
+        params.extend(wanted)
+    return clauses, params
+
+
 class Store:
     """SQLite store for one orchestrator (see the module docstring)."""
 
@@ -258,18 +272,9 @@ class Store:
         parent_id: str | None = None,
         statuses: Iterable[str] | None = None,
     ) -> list[ChildRecord]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if session_id is not None:
-            clauses.append("session_id = ?")
-            params.append(session_id)
-        if parent_id is not None:
-            clauses.append("parent_id = ?")
-            params.append(parent_id)
-        if statuses is not None:
-            wanted = list(statuses)
-            clauses.append(f"status IN ({', '.join('?' for _ in wanted)})")
-            params.extend(wanted)
+        clauses, params = _filters(
+            {"session_id": session_id, "parent_id": parent_id}, "status", statuses
+        )
         where = " AND ".join(clauses) or None
 
         def rows() -> list[ChildRecord]:
@@ -389,18 +394,9 @@ class Store:
         kinds: Iterable[str] | None = None,
     ) -> list[StoredEvent]:
         """Events in order of `seq`, after `after`, optionally only of one child or kinds."""
-        clauses = ["seq > ?"]
-        params: list[Any] = [after]
-        if session_id is not None:
-            clauses.append("session_id = ?")
-            params.append(session_id)
-        if child_id is not None:
-            clauses.append("child_id = ?")
-            params.append(child_id)
-        if kinds is not None:
-            wanted = list(kinds)
-            clauses.append(f"kind IN ({', '.join('?' for _ in wanted)})")
-            params.extend(wanted)
+        clauses, params = _filters({"session_id": session_id, "child_id": child_id}, "kind", kinds)
+        clauses.insert(0, "seq > ?")
+        params.insert(0, after)
         sql = f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
