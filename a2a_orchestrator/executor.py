@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -31,6 +31,7 @@ from google.protobuf.json_format import MessageToDict
 from .delegation import INTERRUPTED_TEXT
 from .errors import ConfigError
 from .events import ChildEvent, Failed, InputRequired
+from .journal import CallJournal, ToolJournal
 from .models.base import ChatMessage, Model
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
@@ -91,6 +92,7 @@ def role_conversation(
     extra_tools: Mapping[str, Tool] | None = None,
     messages: Sequence[ChatMessage] | None = None,
     command_timeout: float | None = None,
+    journal: CallJournal | None = None,
 ) -> Conversation:
     """A conversation with exactly the tools the role lists."""
     extra = dict(extra_tools or {})
@@ -123,6 +125,7 @@ def role_conversation(
         timeout=role.timeout,
         role=role.name,
         messages=messages,
+        journal=journal,
     )
 
 
@@ -143,8 +146,12 @@ class RoleExecutor(AgentExecutor):
         *,
         task_store: TaskStore | None = None,
         models: Callable[[str], Model] | None = None,
+        journal: ToolJournal | None = None,
     ) -> None:
+        """`journal` records each tool call's start before it runs (scope:
+        the A2A context id), so a crash never makes a call run twice."""
         self.role = role
+        self.journal = journal
         self.model = model
         self.workspace = workspace
         self.task_store = task_store
@@ -157,9 +164,24 @@ class RoleExecutor(AgentExecutor):
         self._waiting: dict[str, str] = {}
         """Context id -> the task parked in input-required there."""
 
-    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """Nothing to hold open for the server's lifetime."""
-        return contextlib.nullcontext()
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """For the server's lifetime: first end what a crashed predecessor's
+        tool calls left running (before its tasks are marked lost), and close
+        the journal at the end."""
+        if self.journal is not None:
+            ended = await self.journal.recover()
+            if ended:
+                logger.warning(
+                    "%d tool call(s) were interrupted by the previous server's stop; "
+                    "their processes were ended and they will not be run again",
+                    len(ended),
+                )
+        try:
+            yield
+        finally:
+            if self.journal is not None:
+                self.journal.close()
 
     def conversation(self, task_id: str) -> Conversation | None:
         """The conversation a task belongs to, while this server holds it."""
@@ -263,10 +285,21 @@ class RoleExecutor(AgentExecutor):
             if self._models is None:
                 raise ConfigError("this role server does not choose models per child")
             model = self._models(str(overrides["model"]))
+        journal = self.journal
+        interrupted = await journal.interrupted(task.context_id) if journal else None
         messages = rebuild_transcript(
-            role.prompt, entries, shared_context=overrides.get("shared_context") or ()
+            role.prompt,
+            entries,
+            shared_context=overrides.get("shared_context") or (),
+            interrupted=interrupted,
         )
-        return role_conversation(role, model, self.workspace, messages=messages)
+        return role_conversation(
+            role,
+            model,
+            self.workspace,
+            messages=messages,
+            journal=journal.scoped(task.context_id) if journal else None,
+        )
 
     async def _earlier_tasks(
         self, task: Task, call_context: ServerCallContext | None

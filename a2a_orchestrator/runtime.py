@@ -10,6 +10,10 @@ Contract kept here:
   abort. It emits `Started` first and exactly one terminal event last
   (`Done`, `InputRequired` or `Failed`), which it also returns. One turn at a
   time; a second concurrent `run` is a `RuntimeError`.
+- Side effects at most once: with a journal, each tool call's start is on
+  disk before the call runs and is closed once its result is emitted (so
+  recovery can tell a call that never started from one a crash interrupted).
+  A call whose start cannot be recorded is not run.
 - Errors are contained: a failing tool becomes an unsuccessful `ToolResult`
   the model reads; a failing model or a bug in the loop ends the turn as
   `Failed(reason="error")`. Only outside cancellation propagates (the caller
@@ -46,8 +50,9 @@ from .events import (
     ToolCalled,
     ToolResult,
 )
+from .journal import CallJournal
 from .models.base import ChatMessage, Model, TextDelta, ToolCall, ToolSpec, Usage
-from .tools.base import Tool
+from .tools.base import CallScope, Tool, current_call
 
 __all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "Conversation", "Emit"]
 
@@ -88,6 +93,7 @@ class Conversation:
         timeout: float = DEFAULT_TIMEOUT,
         role: str = "",
         messages: Sequence[ChatMessage] | None = None,
+        journal: CallJournal | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
@@ -95,6 +101,7 @@ class Conversation:
             raise ValueError("timeout must be positive")
         self.model = model
         self.role = role
+        self.journal = journal
         self.max_turns = max_turns
         self.timeout = timeout
         self._tools = {tool.name: tool for tool in tools}
@@ -302,11 +309,7 @@ class Conversation:
                 if call.name == ASK_PARENT and self._ask_parent:
                     question = str(call.arguments.get("question", "")).strip() or "(no question)"
                     continue
-                output, success = await self._call_tool(call)
-                self.messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-                await emit(
-                    ToolResult(call_id=call.id, tool=call.name, output=output, success=success)
-                )
+                await self._play_call(call, emit)
             if question is not None:
                 return InputRequired(question=question)
         return Failed(
@@ -314,19 +317,62 @@ class Conversation:
             message=f"exhausted its step budget of {self.max_turns} model calls",
         )
 
-    async def _call_tool(self, call: ToolCall) -> tuple[str, bool]:
+    async def _play_call(self, call: ToolCall, emit: Emit) -> None:
+        """Run one call and emit its result, journaled when there is a journal."""
+        marker = ""
+        if self.journal is not None and call.name in self._tools and "_raw" not in call.arguments:
+            try:
+                marker = await self.journal.started(call)
+            except Exception as exc:  # the call must not run unrecorded
+                logger.exception("could not journal tool call %s", call.id)
+                output = f"Not run: its start could not be recorded ({type(exc).__name__}: {exc})"
+                await self._record_result(call, output, False, emit)
+                return
+        outcome = "interrupted"
+        try:
+            output, success = await self._call_tool(call, marker)
+            await self._record_result(call, output, success, emit)
+            outcome = "done"
+        finally:
+            if marker and self.journal is not None:
+                # Closed once the result is recorded, or (abort, timeout) once
+                # the tool has ended what it started; a crash leaves it open.
+                with anyio.CancelScope(shield=True):
+                    await self.journal.finished(marker, outcome)
+
+    async def _record_result(self, call: ToolCall, output: str, success: bool, emit: Emit) -> None:
+        self.messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+        await emit(ToolResult(call_id=call.id, tool=call.name, output=output, success=success))
+
+    async def _call_tool(self, call: ToolCall, marker: str = "") -> tuple[str, bool]:
         tool = self._tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self._tools)) or "(none)"
             return f"Unknown tool {call.name!r}. Available tools: {known}", False
         if "_raw" in call.arguments:
             return f"Arguments for {call.name} are not valid JSON: {call.arguments['_raw']}", False
+        token = current_call.set(self._scope_for(marker)) if marker else None
         try:
             return await tool.run(call.arguments), True
         except ToolError as exc:
             return str(exc), False
         except (TypeError, KeyError, ValueError) as exc:
             return f"Bad arguments for {call.name}: {exc}", False
+        except Exception as exc:  # a tool's bug is that call's result, not the turn's end
+            logger.exception("tool %s failed", call.name)
+            return f"{call.name} failed: {type(exc).__name__}: {exc}", False
+        finally:
+            if token is not None:
+                current_call.reset(token)
+
+    def _scope_for(self, marker: str) -> CallScope:
+        journal = self.journal
+        assert journal is not None
+
+        async def record_process(pgid: int, ticks: int) -> None:
+            await journal.process(marker, pgid, ticks)
+
+        return CallScope(marker=marker, record_process=record_process)
 
 
 def _assistant_message(text: str, calls: Sequence[ToolCall]) -> ChatMessage:

@@ -57,6 +57,7 @@ from .errors import ConfigError
 from .events import new_uuid
 from .executor import RoleExecutor
 from .handler import RoleRequestHandler
+from .journal import ToolJournal
 from .middleware import DEFAULT_MAX_BODY, BearerTokenBackend, BodyLimitMiddleware, auth_error
 from .models.base import Model
 from .roles import Role
@@ -72,6 +73,7 @@ __all__ = [
     "build_app",
     "build_card",
     "fail_orphaned_tasks",
+    "journal_path",
     "open_task_store",
     "public_url_for",
     "run_role_server",
@@ -161,6 +163,14 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
         auth=auth,
         extensions=[CONTROL_CARD_EXTENSION],
     )
+
+
+def journal_path(db: str, role: str, workdir: Path) -> Path:
+    """Where a role server keeps its tool-call journal: in its SQLite task
+    file, or beside its work directory's stores when the tasks live elsewhere."""
+    if "://" in db:
+        return workdir / ".a2a" / f"journal-{role}.db"
+    return Path(db).expanduser()
 
 
 def open_task_store(db: str) -> TaskStore:
@@ -262,11 +272,15 @@ def build_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if isinstance(task_store, DatabaseTaskStore):
             await task_store.initialize()
-        orphans = await fail_orphaned_tasks(task_store)
-        if orphans:
-            logger.warning("marked %d task(s) left running by a stopped server as failed", orphans)
         try:
+            # Entered first: it ends what a crashed predecessor left running
+            # before that predecessor's tasks are marked lost.
             async with executor.running():
+                orphans = await fail_orphaned_tasks(task_store)
+                if orphans:
+                    logger.warning(
+                        "marked %d task(s) left running by a stopped server as failed", orphans
+                    )
                 yield
                 await executor.shutdown()
         finally:
@@ -367,7 +381,14 @@ async def run_role_server(
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
     task_store = open_task_store(db)
-    executor = RoleExecutor(role, model, Workspace(workdir), task_store=task_store, models=models)
+    executor = RoleExecutor(
+        role,
+        model,
+        Workspace(workdir),
+        task_store=task_store,
+        models=models,
+        journal=ToolJournal.open(journal_path(db, role.name, workdir)),
+    )
     app = build_app(
         executor,
         build_card(role, url, auth=bool(token)),

@@ -191,7 +191,13 @@ class Session:
             )
         else:
             extra = self.child_tools(child_id, depth) if self.child_tools else None
-            run = await self.local.open(spec, config, child_id=child_id, extra_tools=extra)
+            run = await self.local.open(
+                spec,
+                config,
+                child_id=child_id,
+                extra_tools=extra,
+                journal=self.store.journal.scoped(child_id),
+            )
             self._bind_nested(child_id, run)
         await self.store.add_child(record)
         handle = self._hold(record, spec, run)
@@ -335,8 +341,19 @@ class Session:
             )
         else:
             extra = self.child_tools(record.child_id, record.depth) if self.child_tools else None
+            journal = self.store.journal
+            # At most once: what the crashed runner's calls left running is
+            # ended before anything resumes, and those calls are answered as
+            # interrupted instead of being run again.
+            await journal.recover(record.child_id)
             run = await self.local.reopen(
-                spec, config, child_id=record.child_id, entries=entries, extra_tools=extra
+                spec,
+                config,
+                child_id=record.child_id,
+                entries=entries,
+                extra_tools=extra,
+                journal=journal.scoped(record.child_id),
+                interrupted=await journal.interrupted(record.child_id),
             )
             self._bind_nested(record.child_id, run)
         handle = self._hold(record, spec, run, history)

@@ -26,6 +26,7 @@ from typing import IO, Any, TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from .journal import ToolJournal, create_table
 from .sqlitefile import SQLiteFile
 
 __all__ = ["MIGRATIONS", "ChildRecord", "Store", "StoredEvent"]
@@ -108,6 +109,12 @@ def m002_subscriptions(db: sqlite_utils.Database) -> None:
         foreign_keys=[("session_id", "sessions", "id")],
     )
     db.table("subscriptions").create_index(["session_id", "parent_id"])
+
+
+@MIGRATIONS()
+def m005_tool_calls(db: sqlite_utils.Database) -> None:
+    # The tool-call journal of in-process children (see `journal`).
+    create_table(db.conn)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +203,8 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=ON")
         MIGRATIONS.apply(self._db)
         self._run = self._file.run
+        self.journal = ToolJournal(self._file)
+        """The tool-call journal of this store's in-process children (scope: child id)."""
 
     def close(self) -> None:
         self._file.close()

@@ -10,13 +10,18 @@ an input becomes a user turn, or the answer to a pending `ask_parent` call;
 `message` and `tool_called` events become assistant turns; `tool_result`
 events become tool messages. Deltas and lifecycle events carry nothing new.
 A last assistant turn whose tool calls never got their results (the process
-died mid-step) is dropped, so the model plays that step again.
+died mid-step) is kept when any of them had started: side effects happen at
+most once, so a started call is answered with `INTERRUPTED_CALL` (the model
+decides whether to run it again) and one that never started with
+`NOT_STARTED_CALL`. `interrupted` names the calls that started (from the tool
+journal); without it every such call is taken as possibly started. A step
+none of whose calls started is dropped, so the model plays it again.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from .events import (
     AssistantMessage,
@@ -31,9 +36,17 @@ from .events import (
 from .models.base import ChatMessage
 from .runtime import ASK_PARENT
 
-__all__ = ["UNFINISHED_CALL", "rebuild_transcript"]
+__all__ = ["INTERRUPTED_CALL", "NOT_STARTED_CALL", "UNFINISHED_CALL", "rebuild_transcript"]
 
 UNFINISHED_CALL = "(the turn ended before this call finished)"
+INTERRUPTED_CALL = (
+    "(interrupted: the process running this call stopped before its result was recorded; "
+    "it may have run partly or completely. It was not run again: check its effects before "
+    "calling it again.)"
+)
+NOT_STARTED_CALL = (
+    "(not run: the process stopped before this call started; call it again if it is still needed.)"
+)
 
 
 def rebuild_transcript(
@@ -41,6 +54,7 @@ def rebuild_transcript(
     entries: Iterable[str | ChildEvent],
     *,
     shared_context: Sequence[ChatMessage] = (),
+    interrupted: Collection[str] | None = None,
 ) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
     if system_prompt:
@@ -100,19 +114,22 @@ def rebuild_transcript(
             # The turn ended (aborted, timed out) with calls still running:
             # they get a result saying so, so every call keeps its answer.
             for call_id in sorted(open_calls):
+                text = INTERRUPTED_CALL if interrupted and call_id in interrupted else None
                 messages.append(
-                    {"role": "tool", "tool_call_id": call_id, "content": UNFINISHED_CALL}
+                    {"role": "tool", "tool_call_id": call_id, "content": text or UNFINISHED_CALL}
                 )
             open_calls.clear()
             step_open = False
             flush()
-    _drop_unfinished_step(messages, pending_ask)
+    _settle_unfinished_step(messages, pending_ask, interrupted)
     flush()
     return messages
 
 
-def _drop_unfinished_step(messages: list[ChatMessage], pending_ask: str | None) -> None:
-    """Remove a trailing step whose tool calls (other than a pending question) lack results."""
+def _settle_unfinished_step(
+    messages: list[ChatMessage], pending_ask: str | None, interrupted: Collection[str] | None
+) -> None:
+    """Answer, or drop, a trailing step whose tool calls lack results (see the module doc)."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if message["role"] == "assistant" and message.get("tool_calls"):
@@ -122,8 +139,15 @@ def _drop_unfinished_step(messages: list[ChatMessage], pending_ask: str | None) 
                 for c in message["tool_calls"]
                 if c["id"] not in answered and c["id"] != pending_ask
             ]
-            if missing:
-                del messages[index:]
+            if not missing:
+                return
+            started = [c for c in missing if interrupted is None or c in interrupted]
+            if not started and len(missing) == len(message["tool_calls"]):
+                del messages[index:]  # nothing ran: the model plays the step again
+                return
+            for call_id in missing:
+                text = INTERRUPTED_CALL if call_id in started else NOT_STARTED_CALL
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
             return
         if message["role"] in ("user", "system"):
             return

@@ -6,12 +6,13 @@ without HTTP; events come straight from the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from ..delegation import CANCELED_TEXT, INTERRUPTED_TEXT, ChildConfig, Emit
 from ..events import ChildEvent
 from ..executor import apply_child_config, role_conversation
+from ..journal import CallJournal
 from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
 from ..roles import find_role
@@ -96,12 +97,18 @@ class LocalDelegate:
         config: ChildConfig,
         entries: Sequence[str | ChildEvent],
         extra_tools: Mapping[str, Tool] | None,
+        journal: CallJournal | None,
+        interrupted: Collection[str] | None = None,
     ) -> Conversation:
         role = apply_child_config(find_role(spec.role, cwd=self.cwd), config.overrides())
         model = self.models(pick_model(config.model, role.model, self.parent_model))
-        messages = rebuild_transcript(role.prompt, entries, shared_context=config.shared_context)
+        messages = rebuild_transcript(
+            role.prompt, entries, shared_context=config.shared_context, interrupted=interrupted
+        )
         tools = {**self.extra_tools, **(extra_tools or {})}
-        return role_conversation(role, model, self.workspace, extra_tools=tools, messages=messages)
+        return role_conversation(
+            role, model, self.workspace, extra_tools=tools, messages=messages, journal=journal
+        )
 
     async def open(
         self,
@@ -110,10 +117,12 @@ class LocalDelegate:
         *,
         child_id: str,
         extra_tools: Mapping[str, Tool] | None = None,
+        journal: CallJournal | None = None,
     ) -> LocalRun:
         """`extra_tools`: tools for this child only (its control tools, when
-        the nesting depth allows it a control plane of its own)."""
-        return LocalRun(self._conversation(spec, config, (), extra_tools))
+        the nesting depth allows it a control plane of its own); `journal`
+        records its tool calls' starts (at most once across crashes)."""
+        return LocalRun(self._conversation(spec, config, (), extra_tools, journal))
 
     async def reopen(
         self,
@@ -125,6 +134,11 @@ class LocalDelegate:
         task_id: str = "",
         context_id: str = "",
         extra_tools: Mapping[str, Tool] | None = None,
+        journal: CallJournal | None = None,
+        interrupted: Collection[str] | None = None,
     ) -> LocalRun:
-        """A child resumed from its stored transcript (crash recovery)."""
-        return LocalRun(self._conversation(spec, config, entries, extra_tools))
+        """A child resumed from its stored transcript (crash recovery);
+        `interrupted`: ids of its calls a crash interrupted (never re-run)."""
+        return LocalRun(
+            self._conversation(spec, config, entries, extra_tools, journal, interrupted)
+        )

@@ -1,0 +1,242 @@
+"""The tool-call journal: a call's start is on disk before the call runs.
+
+Side effects happen at most once. Before a tool call runs, the runtime
+records it here (call id, tool, arguments, which process runs it); a command
+adds the process group it started; the row is closed once the call's result
+is recorded. After a crash, rows still open are calls that started and whose
+result may be missing: recovery ends what they left running (see `procs`) and
+tells the model they were interrupted instead of running them again.
+
+One table, `tool_calls`, in the orchestrator's store (for in-process
+children, scope = child id) and in a role server's SQLite file (scope = A2A
+context id). Each row names its runner (pid, start ticks, boot id), so a
+live process's calls are never mistaken for a dead one's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid as uuidlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+
+from .models.base import ToolCall
+from .procs import end_leftovers, start_ticks
+from .sqlitefile import SQLiteFile
+
+__all__ = ["CallJournal", "JournalRow", "ToolJournal", "create_table"]
+
+_COLUMNS = (
+    "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
+    "arguments TEXT NOT NULL, runner_pid INTEGER NOT NULL, runner_ticks INTEGER NOT NULL, "
+    "runner_boot TEXT NOT NULL, started_at REAL NOT NULL, pgid INTEGER, pgid_ticks INTEGER, "
+    "finished_at REAL, outcome TEXT"
+)
+
+
+def create_table(conn: Any) -> None:
+    """Create the journal's table and index on an sqlite3 connection (idempotent)."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS tool_calls ({_COLUMNS})")
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL"
+    )
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+_PID = os.getpid()
+_RUNNER = (_PID, start_ticks(_PID), _boot_id())
+
+
+def _runner() -> tuple[int, int, str]:
+    # Recomputed after a fork (a test's crash subprocess): a child process is
+    # another runner.
+    global _PID, _RUNNER
+    if os.getpid() != _PID:
+        _PID = os.getpid()
+        _RUNNER = (_PID, start_ticks(_PID), _boot_id())
+    return _RUNNER
+
+
+@dataclass(frozen=True, kw_only=True)
+class JournalRow:
+    """A call that started and was never closed."""
+
+    marker: str
+    scope: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    runner_pid: int
+    runner_ticks: int
+    runner_boot: str
+    pgid: int | None
+    pgid_ticks: int | None
+
+    @property
+    def runner_alive(self) -> bool:
+        """The process that ran the call is still running (and is not us)."""
+        pid, _ticks, boot = _runner()
+        if self.runner_boot != boot:
+            return False  # recorded before a reboot
+        if self.runner_pid == pid:
+            return False  # our own pid, so the recorded runner is gone (pid reused)
+        return start_ticks(self.runner_pid) == self.runner_ticks
+
+
+class CallJournal:
+    """The journal as one conversation's runtime sees it (one scope)."""
+
+    def __init__(self, journal: ToolJournal, scope: str) -> None:
+        self.journal = journal
+        self.scope = scope
+
+    async def started(self, call: ToolCall) -> str:
+        """Record that `call` starts now; return its marker (unique per run)."""
+        return await self.journal.started(self.scope, call)
+
+    async def process(self, marker: str, pgid: int, ticks: int) -> None:
+        await self.journal.process(marker, pgid, ticks)
+
+    async def finished(self, marker: str, outcome: str = "done") -> None:
+        await self.journal.finished(marker, outcome)
+
+
+class ToolJournal:
+    """The `tool_calls` table of one SQLite file (see the module docstring)."""
+
+    def __init__(self, file: SQLiteFile) -> None:
+        self._file = file
+        self._own = False
+
+    @classmethod
+    def open(cls, path: str | Path) -> ToolJournal:
+        """The journal in the SQLite file at `path` (created if needed); close it."""
+        file = SQLiteFile(path, "tool-call journal")
+        with file.conn:
+            create_table(file.conn)
+        journal = cls(file)
+        journal._own = True
+        return journal
+
+    def close(self) -> None:
+        if self._own:
+            self._file.close()
+
+    def scoped(self, scope: str) -> CallJournal:
+        return CallJournal(self, scope)
+
+    def _write(self, sql: str, params: Iterable[Any]) -> Any:
+        conn = self._file.conn
+        values = list(params)
+
+        def write() -> None:
+            with conn:
+                conn.execute(sql, values)
+
+        return self._file.run(write)
+
+    async def started(self, scope: str, call: ToolCall) -> str:
+        marker = uuidlib.uuid4().hex
+        pid, ticks, boot = _runner()
+        await self._write(
+            "INSERT INTO tool_calls (marker, scope, call_id, tool, arguments, runner_pid, "
+            "runner_ticks, runner_boot, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                marker,
+                scope,
+                call.id,
+                call.name,
+                json.dumps(call.arguments),
+                pid,
+                ticks,
+                boot,
+                time.time(),
+            ),
+        )
+        return marker
+
+    async def process(self, marker: str, pgid: int, ticks: int) -> None:
+        await self._write(
+            "UPDATE tool_calls SET pgid = ?, pgid_ticks = ? WHERE marker = ?",
+            (pgid, ticks, marker),
+        )
+
+    async def finished(self, marker: str, outcome: str = "done") -> None:
+        await self._write(
+            "UPDATE tool_calls SET finished_at = ?, outcome = ? WHERE marker = ?",
+            (time.time(), outcome, marker),
+        )
+
+    async def unfinished(self, scope: str | None = None) -> list[JournalRow]:
+        """Calls that started and were never closed (of one scope, or all)."""
+        sql = "SELECT * FROM tool_calls WHERE finished_at IS NULL"
+        params: list[Any] = []
+        if scope is not None:
+            sql += " AND scope = ?"
+            params.append(scope)
+        conn = self._file.conn
+
+        def rows() -> list[JournalRow]:
+            cursor = conn.execute(sql + " ORDER BY started_at", params)
+            names = [d[0] for d in cursor.description]
+            found = []
+            for values in cursor.fetchall():
+                row = dict(zip(names, values, strict=True))
+                found.append(
+                    JournalRow(
+                        marker=row["marker"],
+                        scope=row["scope"],
+                        call_id=row["call_id"],
+                        tool=row["tool"],
+                        arguments=json.loads(row["arguments"]),
+                        runner_pid=row["runner_pid"],
+                        runner_ticks=row["runner_ticks"],
+                        runner_boot=row["runner_boot"],
+                        pgid=row["pgid"],
+                        pgid_ticks=row["pgid_ticks"],
+                    )
+                )
+            return found
+
+        return await self._file.run(rows)
+
+    async def interrupted(self, scope: str) -> set[str]:
+        """Call ids of `scope` that a crash interrupted (open, or closed as such)."""
+        conn = self._file.conn
+
+        def ids() -> set[str]:
+            cursor = conn.execute(
+                "SELECT call_id FROM tool_calls WHERE scope = ? AND "
+                "(finished_at IS NULL OR outcome = 'interrupted')",
+                (scope,),
+            )
+            return {str(r[0]) for r in cursor.fetchall()}
+
+        return await self._file.run(ids)
+
+    async def recover(self, scope: str | None = None) -> list[JournalRow]:
+        """End what dead runners' open calls left running, and close those calls.
+
+        Returns the rows closed as `interrupted`. Calls of a runner that is
+        still alive are left alone: they are its own to finish.
+        """
+        rows = [row for row in await self.unfinished(scope) if not row.runner_alive]
+        if not rows:
+            return []
+        groups = [(row.pgid or 0, row.pgid_ticks or 0, row.marker) for row in rows]
+        await anyio.to_thread.run_sync(end_leftovers, groups)
+        for row in rows:
+            await self.finished(row.marker, "interrupted")
+        return rows

@@ -1,0 +1,245 @@
+"""Side effects at most once: a tool call's start is journaled before it runs,
+and a crash never makes it run twice (real processes, SIGKILL, real SQLite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from crash_command import command_script, network
+
+from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.events import AssistantMessage, Done, Failed, Started, ToolCalled, ToolResult
+from a2a_orchestrator.journal import ToolJournal
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.procs import marked_processes
+from a2a_orchestrator.runtime import Conversation
+from a2a_orchestrator.session import Session
+from a2a_orchestrator.store import Store
+from a2a_orchestrator.tools import Tool
+from a2a_orchestrator.transcript import INTERRUPTED_CALL, NOT_STARTED_CALL, rebuild_transcript
+
+pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).parent
+# Long enough that the kill lands while it sleeps; "end" would prove a survivor.
+COMMAND = "echo start >> runs.txt; sleep 3; echo end >> runs.txt"
+
+
+def _batch(*ids: str) -> list[Any]:
+    return [
+        "go",
+        Started(),
+        *[ToolCalled(call_id=i, tool="run_command", arguments={"command": i}) for i in ids],
+    ]
+
+
+def test_a_started_call_without_result_is_answered_interrupted_not_replayed() -> None:
+    entries = [
+        *_batch("c1", "c2", "c3"),
+        ToolResult(call_id="c1", tool="run_command", output="ok", success=True),
+    ]
+    messages = rebuild_transcript("sys", entries, interrupted={"c2"})
+    assert [(m["role"], m.get("tool_call_id"), m.get("content")) for m in messages[2:]] == [
+        ("assistant", None, None),
+        ("tool", "c1", "ok"),
+        ("tool", "c2", INTERRUPTED_CALL),
+        ("tool", "c3", NOT_STARTED_CALL),
+    ]
+
+
+def test_a_step_none_of_whose_calls_started_is_played_again() -> None:
+    messages = rebuild_transcript("sys", _batch("c1", "c2"), interrupted=set())
+    assert [m["role"] for m in messages] == ["system", "user"]
+
+
+def test_without_a_journal_every_open_call_counts_as_possibly_run() -> None:
+    messages = rebuild_transcript("sys", [*_batch("c1"), AssistantMessage(text="x")][:4])
+    assert messages[-1] == {"role": "tool", "tool_call_id": "c1", "content": INTERRUPTED_CALL}
+
+
+async def test_the_start_is_on_disk_before_the_tool_runs(tmp_path: Path) -> None:
+    journal = ToolJournal.open(tmp_path / "j.db")
+    seen: list[list[str]] = []
+
+    async def probe(args: dict[str, Any]) -> str:
+        # Read through a second connection, as a recovering process would.
+        other = ToolJournal.open(tmp_path / "j.db")
+        seen.append([row.call_id for row in await other.unfinished("ctx")])
+        other.close()
+        return "probed"
+
+    tool = Tool(name="probe", description="probe", run=probe)
+    model = ScriptedModel([{"tool_calls": [{"name": "probe", "id": "p1"}]}, {"text": "done"}])
+    conversation = Conversation(model=model, tools=[tool], journal=journal.scoped("ctx"))
+
+    async def emit(event: Any) -> None:
+        pass
+
+    with anyio.fail_after(10):
+        terminal = await conversation.run("go", emit)
+    assert isinstance(terminal, Done)
+    assert seen == [["p1"]]
+    assert await journal.unfinished() == []
+    journal.close()
+
+
+async def test_a_call_whose_start_cannot_be_recorded_does_not_run(tmp_path: Path) -> None:
+    journal = ToolJournal.open(tmp_path / "j.db")
+    journal.close()  # every write now fails
+    ran: list[str] = []
+
+    async def touch(args: dict[str, Any]) -> str:
+        ran.append("ran")
+        return "ran"
+
+    model = ScriptedModel([{"tool_calls": [{"name": "touch", "id": "t1"}]}, {"text": "done"}])
+    conversation = Conversation(
+        model=model,
+        tools=[Tool(name="touch", description="touch", run=touch)],
+        journal=journal.scoped("ctx"),
+    )
+    events: list[Any] = []
+
+    async def emit(event: Any) -> None:
+        events.append(event)
+
+    with anyio.fail_after(10):
+        await conversation.run("go", emit)
+    results = [e for e in events if isinstance(e, ToolResult)]
+    assert ran == []
+    assert len(results) == 1 and not results[0].success
+    assert results[0].output.startswith("Not run: its start could not be recorded")
+
+
+def _no_leftovers(journal_file: Path) -> list[int]:
+    import sqlite3
+
+    conn = sqlite3.connect(journal_file)
+    markers = [r[0] for r in conn.execute("SELECT marker FROM tool_calls")]
+    conn.close()
+    return [pid for marker in markers for pid in marked_processes(marker)]
+
+
+async def _wait_for_text(path: Path, text: str, timeout: float = 20) -> None:
+    with anyio.fail_after(timeout):
+        while not (path.exists() and text in path.read_text()):
+            await anyio.sleep(0.05)
+
+
+async def test_kill_9_of_the_orchestrator_mid_command_runs_it_once(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    store_path = tmp_path / "o.db"
+    runs = workdir / "runs.txt"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "crash_command.py"),
+            str(store_path),
+            "s1",
+            str(workdir),
+            COMMAND,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        await _wait_for_text(runs, "start")
+        parent.send_signal(signal.SIGKILL)
+        await anyio.to_thread.run_sync(parent.wait)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+    store = Store(store_path)
+    model = ScriptedModel(command_script(COMMAND))
+    with anyio.fail_after(30):
+        async with Session(
+            store, workdir=workdir, network=network(), models=lambda n: model, session_id="s1"
+        ) as session:
+            [handle] = await session.recover()
+            result = await handle.result()
+        # Past the command's own time: a survivor would have written "end".
+        await anyio.sleep(3.5)
+    rows = await store.journal.unfinished()
+    store.close()
+    assert isinstance(result, Done), result
+    assert result.text == "tool said: " + INTERRUPTED_CALL
+    assert runs.read_text() == "start\n"
+    assert rows == []
+    assert _no_leftovers(store_path) == []
+
+
+def _serve(tmp_path: Path, port: int, db: Path, script: Path) -> tuple[subprocess.Popen[str], str]:
+    """`a2a-orchestrator serve coder` as its own process (it gets SIGKILLed)."""
+    env = {
+        **os.environ,
+        "A2A_MODEL_SCRIPT": str(script),
+        "A2A_MODEL_BASE_URL": "",
+        "A2A_MODEL_API_KEY": "",
+        "OPENAI_BASE_URL": "",
+        "OPENAI_API_KEY": "",
+    }
+    argv = ["serve", "coder", "--port", str(port), "--db", str(db), "--workdir", str(tmp_path)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "a2a_orchestrator.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    match = re.search(r"serving A2A at (http://\S+)", line)
+    assert match, line + (process.stderr.read() if process.stderr else "")
+    return process, match.group(1)
+
+
+async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    call = {"name": "run_command", "arguments": {"command": COMMAND}}
+    script.write_text(json.dumps([{"tool_calls": [call]}, {"text": "done"}]))
+    db = tmp_path / "role.db"
+    runs = tmp_path / "runs.txt"
+    process, url = _serve(tmp_path, 0, db, script)
+    port = int(url.rsplit(":", 1)[1])
+    store = Store(tmp_path / "o.db")
+    remote = Network.of(AgentSpec(name="remote", role="coder", url=url))
+    try:
+        with anyio.fail_after(45):
+            async with Session(store, workdir=tmp_path, network=remote, lost_after=20) as session:
+                handle = await session.spawn(ChildConfig(role="remote", prompt="run it"))
+                await _wait_for_text(runs, "start")
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                process, _ = _serve(tmp_path, port, db, script)
+                first = await handle.result()
+                await handle.send("go on")
+                second = await handle.result()
+            # Past the command's own time: a survivor would have written "end".
+            await anyio.sleep(3.5)
+    finally:
+        store.close()
+        process.send_signal(signal.SIGTERM)
+        process.wait(10)
+    journal = ToolJournal.open(db)
+    open_rows = await journal.unfinished()
+    closed = await journal.interrupted(handle.run.context_id)
+    journal.close()
+    assert isinstance(first, Failed) and first.reason == "lost"
+    assert isinstance(second, Done) and second.text == "done"
+    assert runs.read_text() == "start\n"
+    assert open_rows == [] and len(closed) == 1
+    assert _no_leftovers(db) == []
