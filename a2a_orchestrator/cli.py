@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "record: `run`, `resume`, `serve orchestrator`) is signalled on this host and stops "
         "them itself; when no process runs it, they are recorded aborted here (remote "
         "children get CancelTask). Exit 0 when stopped, 1 when the runner cannot be reached "
-        "(another host, hung, no confirmation within 10 s: nothing is recorded).",
+        "(another host, hung, no confirmation within --wait: nothing is recorded).",
     )
     stop.add_argument("session", metavar="SESSION", help="session id")
     stop.add_argument(
@@ -167,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-env",
         default=DEFAULT_TOKEN_ENV,
         help=f"environment variable with the server's bearer token (default: {DEFAULT_TOKEN_ENV})",
+    )
+    stop.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the session's runner to confirm the stop (10)",
     )
     _store_option(stop)
 

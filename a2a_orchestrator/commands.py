@@ -71,8 +71,6 @@ EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED
 """`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
 
 STOPPED_LINE = "stopped by `a2a-orchestrator stop`: its children ended aborted"
-STOP_WAIT = 10.0
-"""How long `stop` waits for a live runner to confirm and its children to settle."""
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -388,7 +386,7 @@ async def _stop(args: argparse.Namespace) -> int:
         runner = await store.get_runner(args.session)
         if runner is None or liveness(runner) in (Liveness.ENDED, Liveness.DEAD):
             return await _stop_without_runner(store, args.session)
-        return await _stop_through_runner(store, args.session, runner)
+        return await _stop_through_runner(store, args.session, runner, args.wait)
     finally:
         store.close()
 
@@ -402,7 +400,9 @@ def _cannot_stop(text: str, outcome: str = "nothing was recorded") -> int:
     return 1
 
 
-async def _stop_through_runner(store: Store, session_id: str, runner: RunnerRecord) -> int:
+async def _stop_through_runner(
+    store: Store, session_id: str, runner: RunnerRecord, wait: float
+) -> int:
     """Ask the live runner to stop its children, and report what the store then says."""
     state = liveness(runner)
     age = time.time() - runner.heartbeat_at
@@ -430,7 +430,7 @@ async def _stop_through_runner(store: Store, session_id: str, runner: RunnerReco
         except OSError as exc:
             # It still reads the request at its next heartbeat.
             note = f" (could not signal it: {exc.strerror or exc})"
-    deadline = anyio.current_time() + STOP_WAIT
+    deadline = anyio.current_time() + wait
     while True:
         now = await store.get_runner(session_id)
         if now is None or now.token != runner.token:
@@ -458,7 +458,7 @@ async def _stop_through_runner(store: Store, session_id: str, runner: RunnerReco
             await store.update_runner(session_id, runner.token, stop_request="")
             return _cannot_stop(
                 f"the runner of session {session_id} ({_runner_name(runner)}) did not confirm "
-                f"the stop within {STOP_WAIT:g} s{note}"
+                f"the stop within {wait:g} s{note}"
             )
         await anyio.sleep(0.1)
     # The runner recorded how each child ended; count those it aborted.
