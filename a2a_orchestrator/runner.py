@@ -34,6 +34,7 @@ inside it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import enum
@@ -131,28 +132,31 @@ def liveness(record: RunnerRecord, now: float | None = None) -> Liveness:
 @contextlib.asynccontextmanager
 async def stop_signal_listener() -> AsyncIterator[None]:
     """Handle `STOP_SIGNAL` while the block runs: it wakes every runner
-    registered inside, which then reads its stop request. Main thread only."""
+    registered inside, which then reads its stop request.
+
+    The handler is a plain callback on the event loop (the package runs on
+    asyncio), so no task is needed and the block's exceptions pass through
+    unwrapped.
+    """
     if threading.current_thread() is not threading.main_thread():
         # Signals reach only the main thread's loop; runners opened here
         # record no signal and `stop` reaches them at their next heartbeat.
         yield
         return
     wakers: set[Callable[[], None]] = set()
-    with anyio.open_signal_receiver(STOP_SIGNAL) as signals:
-        async with anyio.create_task_group() as tg:
 
-            async def dispatch() -> None:
-                async for _ in signals:
-                    for wake in list(wakers):
-                        wake()
+    def wake_all() -> None:
+        for wake in list(wakers):
+            wake()
 
-            tg.start_soon(dispatch, name="stop signal listener")
-            token = _wakers.set(wakers)
-            try:
-                yield
-            finally:
-                _wakers.reset(token)
-                tg.cancel_scope.cancel()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(STOP_SIGNAL, wake_all)
+    token = _wakers.set(wakers)
+    try:
+        yield
+    finally:
+        _wakers.reset(token)
+        loop.remove_signal_handler(STOP_SIGNAL)
 
 
 class Runner:
