@@ -153,7 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         "stop",
         help="stop a session's running children",
         description="Stop every running child of SESSION: through the orchestrator server's "
-        "API when it runs the session, else directly (remote children get CancelTask).",
+        "API when it runs the session; else the process that runs it (the store's runner "
+        "record: `run`, `resume`, `serve orchestrator`) is signalled on this host and stops "
+        "them itself; when no process runs it, they are recorded aborted here (remote "
+        "children get CancelTask). Exit 0 when stopped, 1 when the runner cannot be reached "
+        "(another host, hung, no confirmation within --wait: nothing is recorded).",
     )
     stop.add_argument("session", metavar="SESSION", help="session id")
     stop.add_argument(
@@ -163,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-env",
         default=DEFAULT_TOKEN_ENV,
         help=f"environment variable with the server's bearer token (default: {DEFAULT_TOKEN_ENV})",
+    )
+    stop.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the session's runner to confirm the stop (10)",
     )
     _store_option(stop)
 

@@ -8,6 +8,8 @@ import os
 import re
 import sys
 import time
+import uuid as uuidlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,10 @@ from .pipeline import (
 )
 from .reactions import Reaction, Reactions, load_reactions
 from .roles import find_role
+from .runner import Liveness, liveness, stop_signal_listener
 from .server import run_role_server
 from .session import Session
-from .store import Store
+from .store import RunnerRecord, Store
 from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
 
@@ -66,6 +69,8 @@ DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
 DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
 EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
 """`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
+
+STOPPED_LINE = "stopped by `a2a-orchestrator stop`: its children ended aborted"
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -156,12 +161,16 @@ async def _run(args: argparse.Namespace) -> int:
         tree = LiveTree(
             f"pipeline  session {session.id[:8]}", expected=["architect", "coder", "reviewer"]
         )
+        pipeline = Pipeline(session, brief, PassOptions(review_rounds=args.review_rounds))
+        # A stop request cancels the pipeline first, so no pass starts after it.
+        session.add_stop_listener(pipeline.cancel)
         try:
             async with session.relay() as relay:
-                pipeline = Pipeline(session, brief, PassOptions(review_rounds=args.review_rounds))
                 result = await tree.follow_while(relay, pipeline.run())
         except PipelineError as exc:
             say(f"\npipeline failed: {exc}")
+            if session.stop_requested:
+                say(STOPPED_LINE)
             return 1
         finally:
             if reactions is not None:
@@ -192,6 +201,11 @@ async def _run_parent(
 
     parent.emit = show
 
+    async def stop_turn() -> None:
+        parent.conversation.abort("aborted", "stopped by `a2a-orchestrator stop`")
+
+    session.add_stop_listener(stop_turn)
+
     async def everything() -> ChildEvent | None:
         await parent.run(args.task)
         while parent.conversation.running or any(h.running for h in session.children.values()):
@@ -208,6 +222,8 @@ async def _run_parent(
         parent.close()
     text = outcome.text if isinstance(outcome, Done) else getattr(outcome, "message", "")
     say("\n" + text)
+    if session.stop_requested:
+        say(STOPPED_LINE)
     if not isinstance(outcome, Done):
         return 1
     return EXIT_CODES[extract_signal(text) or "TASK_DONE"]
@@ -294,7 +310,9 @@ async def _status(args: argparse.Namespace) -> int:
             counts[record.status] = counts.get(record.status, 0) + 1
         states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no children"
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(session["created_at"]))
-        say(f"{session['id']}  {started}  {states}  {session['title'][:60]}")
+        runner = await store.get_runner(session["id"])
+        ran = f"  [{_runner_name(runner)}: {liveness(runner)}]" if runner else ""
+        say(f"{session['id']}  {started}  {states}  {session['title'][:60]}{ran}")
     store.close()
     return 0
 
@@ -347,7 +365,7 @@ async def _stop(args: argparse.Namespace) -> int:
         async with httpx.AsyncClient(timeout=120, headers=headers) as http:
             response = await http.post(url)
     except httpx.ConnectError:
-        response = None  # no server: stop what the store says is running, directly
+        response = None  # no server: ask the session's runner, or act when it has none
     except httpx.HTTPError as exc:
         # A server that is there but slow still owns its children.
         raise OrchestratorError(f"{args.server} did not answer: {exc}") from exc
@@ -362,13 +380,105 @@ async def _stop(args: argparse.Namespace) -> int:
                 f"{args.server} answered {response.status_code}: {response.text[:200]}"
             )
     store = _existing_store(args.store)
-    if await store.get_session(args.session) is None:
-        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
-    stopped = 0
+    try:
+        if await store.get_session(args.session) is None:
+            raise OrchestratorError(f"no session {args.session!r} in {args.store}")
+        runner = await store.get_runner(args.session)
+        if runner is None or liveness(runner) in (Liveness.ENDED, Liveness.DEAD):
+            return await _stop_without_runner(store, args.session)
+        return await _stop_through_runner(store, args.session, runner, args.wait)
+    finally:
+        store.close()
+
+
+def _runner_name(runner: RunnerRecord) -> str:
+    return f"pid {runner.pid} on {runner.host}"
+
+
+def _cannot_stop(text: str, outcome: str = "nothing was recorded") -> int:
+    print(f"error: {text}; {outcome}", file=sys.stderr, flush=True)
+    return 1
+
+
+async def _stop_through_runner(
+    store: Store, session_id: str, runner: RunnerRecord, wait: float
+) -> int:
+    """Ask the live runner to stop its children, and report what the store then says."""
+    state = liveness(runner)
+    age = time.time() - runner.heartbeat_at
+    if state is Liveness.ELSEWHERE:
+        return _cannot_stop(
+            f"session {session_id} is run by {_runner_name(runner)} (heartbeat {age:.0f} s ago), "
+            "another host: stop it there, or through its orchestrator server (--server)"
+        )
+    if state is Liveness.HUNG:
+        return _cannot_stop(
+            f"session {session_id} is run by {_runner_name(runner)}, which is alive but has not "
+            f"beaten for {age:.0f} s (stopped or blocked?), so its children cannot be stopped "
+            "and are not abandoned either"
+        )
+    running = {
+        r.child_id for r in await store.list_children(session_id=session_id, statuses=["running"])
+    }
+    request = uuidlib.uuid4().hex
+    if await store.update_runner(session_id, runner.token, stop_request=request) is None:
+        return _cannot_stop(f"another process took session {session_id} over; try again")
+    note = ""
+    if runner.stop_signal:
+        try:
+            os.kill(runner.pid, runner.stop_signal)
+        except OSError as exc:
+            # It still reads the request at its next heartbeat.
+            note = f" (could not signal it: {exc.strerror or exc})"
+    deadline = anyio.current_time() + wait
+    while True:
+        now = await store.get_runner(session_id)
+        if now is None or now.token != runner.token:
+            return _cannot_stop(f"another process took session {session_id} over; try again")
+        still = {
+            r.child_id
+            for r in await store.list_children(session_id=session_id, statuses=["running"])
+        } & running
+        confirmed = now.stop_confirmed == request
+        gone = liveness(now) in (Liveness.ENDED, Liveness.DEAD)
+        if gone and still:
+            # The runner ended (or crashed) without stopping them: nobody runs
+            # them now, so they are stopped here.
+            return await _stop_without_runner(store, session_id)
+        if (confirmed or gone) and not still:
+            break
+        if anyio.current_time() > deadline:
+            if confirmed:
+                return _cannot_stop(
+                    f"the runner of session {session_id} ({_runner_name(runner)}) stopped its "
+                    f"children, but {len(still)} it does not hold are still marked running "
+                    f"(`a2a-orchestrator children {session_id}`)",
+                    "those were left as they are",
+                )
+            await store.update_runner(session_id, runner.token, stop_request="")
+            return _cannot_stop(
+                f"the runner of session {session_id} ({_runner_name(runner)}) did not confirm "
+                f"the stop within {wait:g} s{note}"
+            )
+        await anyio.sleep(0.1)
+    # The runner recorded how each child ended; count those it aborted.
+    records = await store.list_children(session_id=session_id, statuses=["failed"])
+    stopped = sum(1 for r in records if r.child_id in running and r.reason == "aborted")
+    say(f"stopped {stopped} (by its runner, {_runner_name(runner)})")
+    return 0
+
+
+async def _stop_without_runner(store: Store, session_id: str) -> int:
+    """No process runs the session: what the store says is running is not, so
+    recording it aborted is the truth (remote children get CancelTask first)."""
+    records = await store.list_children(session_id=session_id, statuses=["running"])
+    if not records:
+        say("stopped 0 (no live runner, and no child was running)")
+        return 0
     network = Network.load()
     remote = RemoteDelegate()
     try:
-        for record in await store.list_children(session_id=args.session, statuses=["running"]):
+        for record in records:
             if record.transport == "remote" and record.a2a_task_id:
                 spec = network.agents.get(record.agent)
                 target = AgentSpec(
@@ -386,10 +496,9 @@ async def _stop(args: argparse.Namespace) -> int:
                 )
                 await run.cancel()
                 await run.aclose()
-            # The runner of a local child is gone; record it as aborted.
             failed = Failed(reason="aborted", message=CANCELED_TEXT)
             await store.append_event(
-                args.session,
+                session_id,
                 failed.kind,
                 event_to_dict(failed),
                 child_id=record.child_id,
@@ -400,11 +509,9 @@ async def _stop(args: argparse.Namespace) -> int:
                     "completed_at": time.time(),
                 },
             )
-            stopped += 1
     finally:
         await remote.aclose()
-        store.close()
-    say(f"stopped {stopped}")
+    say(f"no live runner; marked {len(records)} children aborted")
     return 0
 
 
@@ -429,13 +536,24 @@ async def _resume(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _stoppable(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Any:
+    """`command` runs sessions: while it runs, STOP_SIGNAL wakes their runners
+    to read a stop request (`a2a-orchestrator stop` without a server)."""
+
+    async def run(args: argparse.Namespace) -> int:
+        async with stop_signal_listener():
+            return await command(args)
+
+    return run
+
+
 ASYNC_COMMANDS = {
     "demo": _demo,
-    "run": _run,
-    "serve": _serve,
+    "run": _stoppable(_run),
+    "serve": _stoppable(_serve),
     "status": _status,
     "children": _children,
     "events": _events,
     "stop": _stop,
-    "resume": _resume,
+    "resume": _stoppable(_resume),
 }

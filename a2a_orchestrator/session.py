@@ -10,6 +10,10 @@ Contract:
   Children still running stay `running` in the store: local ones resume from
   their transcripts and remote ones are re-attached by `recover()` in a later
   session of the same id (after a crash, the same holds).
+- While open, the session records this process as its runner (`runner.py`)
+  and keeps a heartbeat task in its task group; a stop request from
+  `a2a-orchestrator stop` runs the stop listeners, then a cascading stop of
+  every child (each ends `aborted`, recorded here).
 - `spawn(config)` returns a `ChildHandle` at once; `spawn_child(config)` is
   the agentik shape: an async iterator of that child's events. Dropping the
   iterator does not cancel the child.
@@ -48,6 +52,7 @@ from .events import (
 from .models.base import Model
 from .models.config import ModelSettings, resolve_model
 from .network import AgentSpec, Network
+from .runner import Runner
 from .store import ChildRecord, Store
 from .tools import Tool, Workspace
 from .transports import LocalDelegate, RemoteDelegate
@@ -103,6 +108,10 @@ class Session:
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
         self._tg: TaskGroup | None = None
+        self._runner = Runner(store, self.id, self._stop_requested)
+        self._stop_listeners: list[Callable[[], Coroutine[Any, Any, Any]]] = []
+        self.stop_requested = False
+        """Whether `a2a-orchestrator stop` stopped this session."""
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -114,8 +123,10 @@ class Session:
             self._remote = await self._stack.enter_async_context(
                 _closing(RemoteDelegate(lost_after=self._lost_after))
             )
+        await self._runner.register()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._state = _State.OPENED
+        self._tg.start_soon(self._runner.beat, name=f"session {self.id} heartbeat")
         return self
 
     async def __aexit__(
@@ -129,7 +140,10 @@ class Session:
             handle.close()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
-        await self._stack.__aexit__(exc_type, exc, tb)
+        try:
+            await self._stack.__aexit__(exc_type, exc, tb)
+        finally:
+            await self._runner.end()
 
     def _opened(self) -> TaskGroup:
         if self._state is not _State.OPENED or self._tg is None:
@@ -145,6 +159,31 @@ class Session:
         if self._remote is None:
             raise RuntimeError("the session is not open")
         return self._remote
+
+    # -- stopping -------------------------------------------------------------------
+
+    def add_stop_listener(self, listener: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Await `listener` when a stop request arrives, before the children
+        are stopped (a pipeline stops starting passes, a parent its turn)."""
+        self._stop_listeners.append(listener)
+
+    async def stop_children(self) -> int:
+        """Cancel every running child, deepest first (a cascading stop): each
+        ends `aborted`. How many were stopped."""
+        stopped = 0
+        for handle in sorted(self._children.values(), key=lambda h: -h.depth):
+            if await handle.cancel():
+                stopped += 1
+        return stopped
+
+    async def _stop_requested(self) -> int:
+        self.stop_requested = True
+        running = {h.child_id for h in self._children.values() if h.running}
+        for listener in list(self._stop_listeners):
+            await listener()
+        await self.stop_children()
+        # Children a listener already cancelled count too: the request stopped them.
+        return sum(1 for child_id in running if not self._children[child_id].running)
 
     # -- children -----------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from sqlite_utils.migrations import Migrations
 from .journal import ToolJournal, create_table
 from .sqlitefile import SQLiteFile
 
-__all__ = ["MIGRATIONS", "ChildRecord", "Store", "StoredEvent"]
+__all__ = ["MIGRATIONS", "ChildRecord", "RunnerRecord", "Store", "StoredEvent"]
 
 T = TypeVar("T")
 
@@ -109,6 +109,71 @@ def m002_subscriptions(db: sqlite_utils.Database) -> None:
         foreign_keys=[("session_id", "sessions", "id")],
     )
     db.table("subscriptions").create_index(["session_id", "parent_id"])
+
+
+@MIGRATIONS()
+def m003_runners(db: sqlite_utils.Database) -> None:
+    # Which process runs each session (`runner.py`), so `stop` can tell a live
+    # runner (ask it to stop its children) from a dead one (nobody runs them).
+    # One row per session: a process that opens the session again replaces it.
+    db.table("runners").create(
+        {
+            "session_id": str,
+            "token": str,
+            "pid": int,
+            "host": str,
+            "boot_id": str,
+            "start_ticks": int,
+            "stop_signal": int,
+            "started_at": float,
+            "heartbeat_at": float,
+            "ended_at": float,
+            "stop_request": str,
+            "stop_confirmed": str,
+            "stopped": int,
+        },
+        pk="session_id",
+        not_null={"token", "pid", "host", "started_at", "heartbeat_at"},
+        foreign_keys=[("session_id", "sessions", "id")],
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerRecord:
+    """One row of the runners table: the process that runs a session."""
+
+    session_id: str
+    token: str
+    """Which registration this is; only its owner refreshes or ends the row."""
+    pid: int
+    host: str
+    """`socket.gethostname()` of the runner."""
+    boot_id: str
+    """The host's boot id when the runner started (a reboot ends every runner)."""
+    start_ticks: int
+    """The runner's start time in clock ticks since boot (a reused pid differs)."""
+    started_at: float
+    heartbeat_at: float
+    stop_signal: int = 0
+    """The signal that wakes the runner to read a stop request; 0 when it has none."""
+    ended_at: float | None = None
+    """When the runner closed the session; None while it runs (or if it crashed)."""
+    stop_request: str = ""
+    """The id of the last stop request written by `stop`."""
+    stop_confirmed: str = ""
+    """The id of the last stop request the runner carried out."""
+    stopped: int = 0
+    """How many children the runner stopped for that request."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunnerRecord:
+        names = {f.name for f in fields(cls)}
+        data = {k: v for k, v in row.items() if k in names}
+        for key in ("boot_id", "stop_request", "stop_confirmed"):
+            data[key] = data.get(key) or ""
+        for key in ("start_ticks", "stop_signal", "stopped"):
+            data[key] = data.get(key) or 0
+        return cls(**data)
 
 
 @MIGRATIONS()
@@ -326,6 +391,39 @@ class Store:
             return [{"id": r["id"], **json.loads(r["spec"])} for r in found]
 
         return await self._run(rows)
+
+    # -- runners ----------------------------------------------------------------
+
+    async def put_runner(self, record: RunnerRecord) -> None:
+        """Record the session's runner, replacing the previous one."""
+        await self._run(lambda: self._db.table("runners").insert(asdict(record), replace=True))
+
+    async def get_runner(self, session_id: str) -> RunnerRecord | None:
+        def get() -> RunnerRecord | None:
+            rows = list(self._db["runners"].rows_where("session_id = ?", [session_id]))
+            return RunnerRecord.from_row(rows[0]) if rows else None
+
+        return await self._run(get)
+
+    async def update_runner(
+        self, session_id: str, token: str, **changes: Any
+    ) -> RunnerRecord | None:
+        """Change the runner row while registration `token` owns it; the row
+        after the change, or None when another registration (or none) owns it."""
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+
+        def update() -> RunnerRecord | None:
+            with self._db.conn:
+                cursor = self._db.conn.execute(
+                    f"UPDATE runners SET {assignments} WHERE session_id = ? AND token = ?",
+                    [*changes.values(), session_id, token],
+                )
+                if cursor.rowcount == 0:
+                    return None
+                rows = list(self._db["runners"].rows_where("session_id = ?", [session_id]))
+            return RunnerRecord.from_row(rows[0])
+
+        return await self._run(update)
 
     # -- events ---------------------------------------------------------------
 

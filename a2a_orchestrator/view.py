@@ -150,6 +150,7 @@ class LiveTree:
         Events still queued when it finishes are shown too, so the view ends
         on the children's final states.
         """
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
 
             async def show() -> None:
@@ -159,6 +160,10 @@ class LiveTree:
             tg.start_soon(show)
             try:
                 result = await work
+            except Exception as exc:
+                # Raised after the task group, so callers catch `work`'s own
+                # error (a PipelineError), not an ExceptionGroup around it.
+                failure = exc
             finally:
                 tg.cancel_scope.cancel()
                 while True:
@@ -166,6 +171,8 @@ class LiveTree:
                         self.update(relay.receive_nowait())
                     except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                         break
+        if failure is not None:
+            raise failure
         return result
 
     def draw(self) -> None:
