@@ -122,6 +122,7 @@ def locate(
     names: list[str] = []
     lexical: list[str] = []  # names past a missing directory (missing_ok only)
     links = 0
+    made = 0  # directories created, bounded like `links`
 
     def here() -> int:
         return stack[-1] if stack else root_fd
@@ -176,6 +177,11 @@ def locate(
                     follow(target)
                     continue
                 if create_dirs:
+                    made += 1
+                    if made > MAX_SYMLINKS:
+                        # Something removes what we make as fast as we make it.
+                        msg = os.strerror(errno.ENOENT)
+                        raise FileNotFoundError(errno.ENOENT, msg, path) from None
                     try:
                         os.mkdir(part, 0o777, dir_fd=here())
                     except FileExistsError:
