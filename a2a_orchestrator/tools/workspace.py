@@ -13,10 +13,10 @@ beneath the root is followed by the same walk (at most `fspath.MAX_SYMLINKS`
 of them); one that leads out, like `..` above the root or an absolute path
 elsewhere, raises `PathOutsideWorkdirError` naming the path.
 
-What this does not cover: a directory the tool already holds being moved
-out of the work directory by someone who can write outside it. Under the
-command sandbox the work directory is its own mount, where such a rename
-fails.
+What this does not cover: a directory a tool call already holds being moved
+out of the work directory by someone who can also write outside it. A
+command run in the sandbox cannot: there the work directory is a bind mount
+of its own and the rest is read-only, so such a rename fails.
 """
 
 from __future__ import annotations
