@@ -1,7 +1,9 @@
 """File tools: read, list, grep, write and edit inside the workspace.
 
-Each factory returns a `Tool` bound to one `Workspace`. Every path argument is
-confined by `Workspace.resolve` and every glob by `Workspace.glob`; output is
+Each factory returns a `Tool` bound to one `Workspace`. Every file is opened,
+created and replaced through descriptors the workspace walked to
+(`Workspace.open_file`, `Workspace.locate`, `Workspace.glob`), never by a path
+string, so a symlink swapped in concurrently cannot lead outside; output is
 bounded, with a note saying what was cut and how to see more. Blocking
 filesystem work runs in a worker thread so the event loop keeps serving other
 conversations.
@@ -9,18 +11,20 @@ conversations.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import secrets
 import stat
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio.to_thread
 
-from ..errors import ToolError
+from ..errors import PathOutsideWorkdirError, ToolError
 from .base import Tool
+from .fspath import Entry
 from .workspace import Workspace
 
 __all__ = [
@@ -69,24 +73,32 @@ def _int_arg(args: dict[str, Any], name: str, default: int | None, minimum: int)
     return value
 
 
-def _is_binary(path: Path) -> bool:
-    with path.open("rb") as f:
-        return b"\0" in f.read(_SNIFF_BYTES)
+def _is_binary(f: BinaryIO) -> bool:
+    """Sniff the start of `f`, then rewind it."""
+    binary = b"\0" in f.read(_SNIFF_BYTES)
+    f.seek(0)
+    return binary
 
 
-def _require_file(workspace: Workspace, raw: str) -> Path:
-    path = workspace.resolve(raw)
-    if not path.exists():
-        raise ToolError(f"File {raw!r} does not exist")
-    if path.is_dir():
-        raise ToolError(f"{raw!r} is a directory, not a file; use list_files to see its contents")
-    if not path.is_file():
-        raise ToolError(f"{raw!r} is not a regular file")
-    return path
+def _open_regular(workspace: Workspace, raw: str) -> tuple[Entry, BinaryIO]:
+    """The regular file `raw` names, opened, and its entry; the caller closes both."""
+    try:
+        entry, f = workspace.open_file(raw)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ToolError(f"File {raw!r} does not exist") from None
+    except IsADirectoryError:
+        raise ToolError(
+            f"{raw!r} is a directory, not a file; use list_files to see its contents"
+        ) from None
+    if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        return entry, f
+    f.close()
+    entry.close()
+    raise ToolError(f"{raw!r} is not a regular file")
 
 
-def _read_text(path: Path, raw: str) -> str:
-    data = path.read_bytes()
+def _read_text(f: BinaryIO, raw: str) -> str:
+    data = f.read()
     if b"\0" in data[:_SNIFF_BYTES]:
         raise ToolError(f"{raw!r} is a binary file")
     try:
@@ -95,27 +107,36 @@ def _read_text(path: Path, raw: str) -> str:
         raise ToolError(f"{raw!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so readers see the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode: int | None = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mode = None
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+def _write_atomic(entry: Entry, data: bytes, mode: int | None) -> None:
+    """Replace `entry` with `data` so readers see the old or the new file, never half.
+
+    The temp file is created beside it with `O_EXCL|O_NOFOLLOW` and renamed
+    over the name inside the same held directory: a rename replaces a
+    symlink put there meanwhile rather than writing through it. `mode` is an
+    existing file's permission bits, kept (an overwritten script stays
+    executable).
+    """
+    tmp = f".{entry.name}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     # 0o666 lets the umask decide a new file's mode, like a plain open() would.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(tmp, flags, 0o666, dir_fd=entry.dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)  # keep an overwritten script executable
-        os.replace(tmp, path)
+        os.replace(tmp, entry.name, src_dir_fd=entry.dir_fd, dst_dir_fd=entry.dir_fd)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=entry.dir_fd)
         raise
+
+
+def _shown(entry: Entry) -> str:
+    """The entry's path as the model sees it: relative, symlinks resolved."""
+    return "/".join(entry.parts) or "."
 
 
 async def _off_loop(fn: Callable[[], str]) -> str:
@@ -136,15 +157,19 @@ def read_file_tool(workspace: Workspace, *, max_bytes: int = READ_LIMIT) -> Tool
     """
 
     def read(raw: str, offset: int, limit: int | None) -> str:
-        path = _require_file(workspace, raw)
-        if _is_binary(path):
-            raise ToolError(f"{raw!r} is a binary file")
+        entry, binary = _open_regular(workspace, raw)
+        with entry, binary:
+            if _is_binary(binary):
+                raise ToolError(f"{raw!r} is a binary file")
+            return lines(raw, io.TextIOWrapper(binary, encoding="utf-8", newline=""), offset, limit)
+
+    def lines(raw: str, f: io.TextIOWrapper, offset: int, limit: int | None) -> str:
         parts: list[str] = []
         used = 0
         lineno = 0
         next_line: int | None = None
         try:
-            with path.open(encoding="utf-8", newline="") as f:
+            with f:
                 for lineno, line in enumerate(f, start=1):
                     if lineno < offset:
                         continue
@@ -228,8 +253,7 @@ def list_files_tool(workspace: Workspace, *, max_results: int = LIST_LIMIT) -> T
         matches = _glob(workspace, pattern)
         if not matches:
             return f"No files match {pattern!r}."
-        shown = [workspace.relative(p) for p in matches[:max_results]]
-        text = "\n".join(shown)
+        text = "\n".join(matches[:max_results])
         if len(matches) > max_results:
             text += (
                 f"\n[{len(matches) - max_results} more files not shown "
@@ -265,12 +289,12 @@ def list_files_tool(workspace: Workspace, *, max_results: int = LIST_LIMIT) -> T
     )
 
 
-def _glob(workspace: Workspace, pattern: str) -> list[Path]:
+def _glob(workspace: Workspace, pattern: str) -> list[str]:
     try:
         return workspace.glob(pattern)
     except ValueError as exc:
-        # pathlib rejects malformed patterns such as 'a**b' this way (absolute
-        # ones never get here: the workspace refuses them first).
+        # A malformed pattern such as 'a**b' (absolute ones never get here:
+        # the workspace refuses them first).
         raise ToolError(f"Invalid glob pattern {pattern!r}: {exc}") from exc
 
 
@@ -291,28 +315,32 @@ def grep_tool(
     def search(regex: re.Pattern[str], glob: str) -> str:
         out: list[str] = []
         used = 0
-        for path in _glob(workspace, glob):
-            rel = workspace.relative(path)
+        for rel in _glob(workspace, glob):
             try:
-                if _is_binary(path):
+                entry, binary = workspace.open_file(rel)
+            except (PathOutsideWorkdirError, OSError):
+                continue  # gone, or swapped for a symlink out, since the listing
+            with entry, binary:
+                if not stat.S_ISREG(os.fstat(binary.fileno()).st_mode) or _is_binary(binary):
                     continue
-                with path.open(encoding="utf-8", errors="strict") as f:
-                    for lineno, line in enumerate(f, start=1):
+                text_lines = io.TextIOWrapper(binary, encoding="utf-8", errors="strict")
+                try:
+                    for lineno, line in enumerate(text_lines, start=1):
                         if not regex.search(line):
                             continue
                         text = line.rstrip("\r\n")
                         if len(text) > GREP_LINE_LIMIT:
                             text = text[:GREP_LINE_LIMIT] + "…"
-                        entry = f"{rel}:{lineno}:{text}"
-                        used += len(entry.encode("utf-8")) + 1
+                        hit = f"{rel}:{lineno}:{text}"
+                        used += len(hit.encode("utf-8")) + 1
                         if len(out) >= max_matches or used > max_bytes:
                             return "\n".join(out) + (
                                 f"\n[stopped after {len(out)} matches; "
                                 "narrow the pattern or the glob]"
                             )
-                        out.append(entry)
-            except (UnicodeDecodeError, OSError):
-                continue  # not text, or gone since the listing: nothing to match
+                        out.append(hit)
+                except (UnicodeDecodeError, OSError):
+                    continue  # not text: nothing more to match
         if not out:
             return f"No matches for {regex.pattern!r}."
         return "\n".join(out)
@@ -360,14 +388,19 @@ def write_file_tool(workspace: Workspace) -> Tool:
     """
 
     def write(raw: str, content: str) -> str:
-        path = workspace.resolve(raw)
-        if path.is_dir():
-            raise ToolError(f"{raw!r} is a directory")
-        existed = path.exists()
-        data = content.encode("utf-8")
-        _write_atomic(path, data)
-        verb = "Overwrote" if existed else "Created"
-        return f"{verb} {workspace.relative(path)} ({len(data)} bytes written)"
+        with workspace.locate(raw, create_dirs=True) as entry:
+            try:
+                mode: int | None = os.stat(
+                    entry.name, dir_fd=entry.dir_fd, follow_symlinks=False
+                ).st_mode
+            except FileNotFoundError:
+                mode = None
+            if mode is not None and stat.S_ISDIR(mode):
+                raise ToolError(f"{raw!r} is a directory")
+            data = content.encode("utf-8")
+            _write_atomic(entry, data, None if mode is None else stat.S_IMODE(mode))
+            verb = "Created" if mode is None else "Overwrote"
+            return f"{verb} {_shown(entry)} ({len(data)} bytes written)"
 
     async def run(args: dict[str, Any]) -> str:
         raw = _str_arg(args, "path")
@@ -404,8 +437,12 @@ def edit_file_tool(workspace: Workspace) -> Tool:
     """
 
     def edit(raw: str, old: str, new: str) -> str:
-        path = _require_file(workspace, raw)
-        text = _read_text(path, raw)
+        entry, binary = _open_regular(workspace, raw)
+        with entry, binary:
+            return replace_once(entry, binary, raw, old, new)
+
+    def replace_once(entry: Entry, binary: BinaryIO, raw: str, old: str, new: str) -> str:
+        text = _read_text(binary, raw)
         count = text.count(old)
         if count == 0:
             raise ToolError(
@@ -417,8 +454,9 @@ def edit_file_tool(workspace: Workspace) -> Tool:
                 f"old_text occurs {count} times in {raw!r}; it is ambiguous. "
                 "Include more surrounding lines so it matches exactly once"
             )
-        _write_atomic(path, text.replace(old, new, 1).encode("utf-8"))
-        return f"Edited {workspace.relative(path)}: replaced 1 occurrence"
+        mode = stat.S_IMODE(os.fstat(binary.fileno()).st_mode)
+        _write_atomic(entry, text.replace(old, new, 1).encode("utf-8"), mode)
+        return f"Edited {_shown(entry)}: replaced 1 occurrence"
 
     async def run(args: dict[str, Any]) -> str:
         raw = _str_arg(args, "path")

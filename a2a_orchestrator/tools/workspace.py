@@ -1,28 +1,67 @@
 """The session's work directory, and the one place paths are confined to it.
 
-Every tool that takes a path goes through `Workspace.resolve`; every tool that
-takes a glob goes through `Workspace.glob`. Both judge a path by where it
-*really* leads (symlinks resolved, against the real root), so neither `..`,
-an absolute path nor a symlink can reach outside.
+`Workspace` holds a descriptor on the work directory, opened once. Every tool
+that takes a path goes through `Workspace.locate` or `Workspace.open_file`;
+every tool that takes a glob goes through `Workspace.glob`. All of them walk
+the path component by component from that descriptor (`fspath.locate`), never
+re-resolving a checked name, so a symlink swapped in by a concurrent command
+(a role server shares its work directory between all its callers) cannot
+lead a tool outside.
 
-The check happens when the path is resolved; a symlink swapped afterwards by
-a concurrent command is not caught. The work directory is the agent's own
-sandbox, so that race is between the agent and itself.
+Symlinks inside the work directory keep working: one whose target stays
+beneath the root is followed by the same walk (at most `fspath.MAX_SYMLINKS`
+of them); one that leads out, like `..` above the root or an absolute path
+elsewhere, raises `PathOutsideWorkdirError` naming the path.
+
+What this does not cover: a directory a tool call already holds being moved
+out of the work directory by someone who can also write outside it. A
+command run in the sandbox cannot: there the work directory is a bind mount
+of its own and the rest is read-only, so such a rename fails.
 """
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import os
-from dataclasses import dataclass
+import re
+import stat
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from ..errors import ConfigError, PathOutsideWorkdirError
+from . import fspath
 
 __all__ = ["Workspace"]
 
 # Directories whose contents drown a listing and are almost never what the
 # model is looking for; a glob that names one explicitly still sees it.
 _SKIPPED_DIRS = frozenset({".git"})
+
+_MAGIC = re.compile(r"[*?[]")
+
+# A FIFO would block an open for reading; the tools refuse non-regular files
+# after opening, so never wait on one.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class _RootFd:
+    """The descriptor on the work directory, closed once (explicitly or when collected)."""
+
+    def __init__(self, path: Path) -> None:
+        # O_CLOEXEC: commands the tools start never inherit it.
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._finalizer = weakref.finalize(self, os.close, self.fd)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        self._finalizer()
 
 
 @dataclass(frozen=True)
@@ -32,9 +71,15 @@ class Workspace:
     `root` is stored resolved (symlinks followed), so `Workspace(p).root` may
     differ from `p`. Raises `ConfigError` when `root` is not an existing
     directory.
+
+    The directory is opened once, here, and the descriptor is kept for the
+    object's life (it is close-on-exec, so commands and forked children do not
+    inherit it). `close()` releases it early; it must not race a tool call.
+    Copies and pickles open their own descriptor.
     """
 
     root: Path
+    _root_fd: _RootFd = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -44,25 +89,88 @@ class Workspace:
         if not real.is_dir():
             raise ConfigError(f"Work directory {str(self.root)!r} is not a directory")
         object.__setattr__(self, "root", real)
+        try:
+            object.__setattr__(self, "_root_fd", _RootFd(real))
+        except OSError as exc:
+            raise ConfigError(f"Work directory {str(self.root)!r} cannot be opened: {exc}") from exc
+
+    def __reduce__(self) -> tuple[type[Workspace], tuple[Path]]:
+        # A copy sharing the descriptor number would close it under the original.
+        return (Workspace, (self.root,))
+
+    def close(self) -> None:
+        """Release the directory descriptor; later tool calls raise `ConfigError`."""
+        self._root_fd.close()
+
+    def _fd(self) -> int:
+        if self._root_fd.closed:
+            raise ConfigError(f"Work directory {str(self.root)!r} was closed")
+        return self._root_fd.fd
+
+    def _outside(self, path: str) -> PathOutsideWorkdirError:
+        return PathOutsideWorkdirError(
+            f"Path {path!r} is outside the work directory {str(self.root)!r}; "
+            "use a path relative to it"
+        )
+
+    def locate(self, path: str, *, create_dirs: bool = False) -> fspath.Entry:
+        """The entry `path` names: its directory (a descriptor) and final name.
+
+        Relative paths are taken from `root`; an absolute path is accepted
+        only when it lies inside `root`. Symlinks are followed while they stay
+        inside. `create_dirs` makes missing parent directories. The caller
+        closes the entry. Raises `PathOutsideWorkdirError` naming `path` for
+        a path that leads out, `FileNotFoundError` or `NotADirectoryError`
+        when a parent is missing or not a directory.
+        """
+        if "\0" in path:
+            raise PathOutsideWorkdirError(f"Path {path!r} contains a NUL byte")
+        try:
+            return fspath.locate(self._fd(), str(self.root), path, create_dirs=create_dirs)
+        except fspath.Escape:
+            raise self._outside(path) from None
+
+    def open_file(self, path: str) -> tuple[fspath.Entry, BinaryIO]:
+        """`path` opened for reading, and the entry it was found at; close both.
+
+        The final open refuses a symlink (`O_NOFOLLOW`): one swapped in after
+        the walk sends it round again instead of being followed. The file may
+        be a FIFO or another non-regular file; the caller checks `os.fstat`.
+        Raises like `locate`, and `FileNotFoundError` or `IsADirectoryError`.
+        """
+        for _ in range(fspath.MAX_SYMLINKS):
+            entry = self.locate(path)
+            try:
+                fd = os.open(entry.name, _FILE_FLAGS, dir_fd=entry.dir_fd)
+            except OSError as exc:
+                entry.close()
+                if exc.errno == errno.ELOOP:
+                    continue
+                exc.filename = path
+                raise
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.close(fd)
+                entry.close()
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            os.set_blocking(fd, True)
+            return entry, os.fdopen(fd, "rb")
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
     def resolve(self, path: str) -> Path:
         """The real path `path` names, which is guaranteed inside `root`.
 
-        Relative paths are taken from `root`; an absolute path is accepted
-        only when it already lies inside `root`. The result has every symlink
-        resolved, so reading or writing it touches exactly the checked file.
-        Raises `PathOutsideWorkdirError` naming `path` otherwise.
+        For showing and comparing paths only: tools open through `locate` and
+        `open_file`, never by this name. Missing directories are taken
+        lexically. Raises `PathOutsideWorkdirError` naming `path` otherwise.
         """
         if "\0" in path:
             raise PathOutsideWorkdirError(f"Path {path!r} contains a NUL byte")
-        candidate = self.root / path  # an absolute `path` replaces root here
-        real = Path(os.path.realpath(candidate))
-        if not real.is_relative_to(self.root):
-            raise PathOutsideWorkdirError(
-                f"Path {path!r} is outside the work directory {str(self.root)!r}; "
-                "use a path relative to it"
-            )
-        return real
+        try:
+            entry = fspath.locate(self._fd(), str(self.root), path, missing_ok=True)
+        except fspath.Escape:
+            raise self._outside(path) from None
+        with entry:
+            return self.root.joinpath(*entry.parts)
 
     def relative(self, path: Path | str) -> str:
         """`path` as the model should see it: POSIX, relative to `root`.
@@ -78,31 +186,114 @@ class Workspace:
             return str(p)
         return rel.as_posix() or "."
 
-    def glob(self, pattern: str) -> list[Path]:
-        """Regular files matching `pattern` under `root`, sorted by relative path.
+    def glob(self, pattern: str) -> list[str]:
+        """Regular files matching `pattern` under `root`: sorted relative POSIX paths.
 
-        Paths are returned as matched (a symlink keeps its own name) but only
-        when their real target is inside `root`. `.git` trees are skipped
-        unless the pattern names `.git`. Raises `PathOutsideWorkdirError` for
-        a pattern that starts outside (absolute elsewhere, or with `..`).
+        `*`, `?` and `[...]` match within one name (dot files too), `**`
+        any number of directories. The walk reads directories through
+        descriptors: `**` never descends into a symlinked directory, a named
+        or wildcard component follows one only while it stays inside, and a
+        symlinked file is listed under its own name only when its target is a
+        regular file inside. `.git` trees are skipped unless the pattern names
+        `.git`. Raises `PathOutsideWorkdirError` for a pattern that starts
+        outside (absolute elsewhere, or with `..`), `ValueError` for a `**`
+        that is not a whole component.
         """
-        pattern = self._relative_pattern(pattern)
-        include_git = ".git" in PurePosixPath(pattern).parts
-        found: list[tuple[str, Path]] = []
-        for match in self.root.glob(pattern):
-            rel = match.relative_to(self.root)
-            if not include_git and _SKIPPED_DIRS.intersection(rel.parts):
+        parts = PurePosixPath(self._relative_pattern(pattern)).parts
+        for part in parts:
+            if "**" in part and part != "**":
+                raise ValueError("Invalid pattern: '**' can only be an entire path component")
+        include_git = ".git" in parts
+        found: set[str] = set()
+        root = os.dup(self._fd())
+        try:
+            for rel in self._match(root, (), parts, include_git):
+                found.add("/".join(rel))
+        finally:
+            os.close(root)
+        return sorted(found)
+
+    def _match(
+        self, dir_fd: int, at: tuple[str, ...], parts: tuple[str, ...], include_git: bool
+    ) -> Iterator[tuple[str, ...]]:
+        """Paths under directory `dir_fd` (reached as `at`) matching `parts`."""
+        if not parts:
+            return
+        head, rest = parts[0], parts[1:]
+        if head == "**":
+            yield from self._match(dir_fd, at, rest, include_git)
+            for name, sub in self._subdirs(dir_fd, include_git):
+                try:
+                    yield from self._match(sub, (*at, name), parts, include_git)
+                finally:
+                    os.close(sub)
+            return
+        matches = _matcher(head)
+        with os.scandir(dir_fd) as it:
+            entries = [e for e in it if matches(e.name)]
+        for entry in entries:
+            if entry.name in _SKIPPED_DIRS and not include_git:
                 continue
-            real = Path(os.path.realpath(match))
-            if not real.is_relative_to(self.root) or not real.is_file():
+            rel = (*at, entry.name)
+            if not rest:
+                if self._is_inside_file(entry, rel):
+                    yield rel
                 continue
-            found.append((rel.as_posix(), match))
-        found.sort(key=lambda item: item[0])
-        return [match for _, match in found]
+            child = self._open_subdir(dir_fd, entry, rel)
+            if child is None:
+                continue
+            try:
+                yield from self._match(child, rel, rest, include_git)
+            finally:
+                os.close(child)
+
+    def _subdirs(self, dir_fd: int, include_git: bool) -> Iterator[tuple[str, int]]:
+        """Real subdirectories of `dir_fd`, opened; symlinks are not descended (`**`)."""
+        with os.scandir(dir_fd) as it:
+            names = sorted(
+                e.name
+                for e in it
+                if e.is_dir(follow_symlinks=False) and (include_git or e.name not in _SKIPPED_DIRS)
+            )
+        for name in names:
+            try:
+                # Swapped for a symlink since the scan: O_NOFOLLOW refuses it.
+                yield name, os.open(name, fspath.DIR_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                continue
+
+    def _open_subdir(
+        self, dir_fd: int, entry: os.DirEntry[str], rel: tuple[str, ...]
+    ) -> int | None:
+        """A descriptor on directory `entry`, following a symlink only while it stays inside."""
+        if not entry.is_symlink():
+            if not entry.is_dir(follow_symlinks=False):
+                return None
+            try:
+                return os.open(entry.name, fspath.DIR_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                pass  # swapped for a symlink since the scan: resolve it as one
+        try:
+            with fspath.locate(self._fd(), str(self.root), "/".join(rel)) as found:
+                return fspath.open_dir(found)
+        except (fspath.Escape, OSError):
+            return None
+
+    def _is_inside_file(self, entry: os.DirEntry[str], rel: tuple[str, ...]) -> bool:
+        if not entry.is_symlink():
+            return entry.is_file(follow_symlinks=False)
+        try:
+            with fspath.locate(self._fd(), str(self.root), "/".join(rel)) as found:
+                mode = os.stat(found.name, dir_fd=found.dir_fd, follow_symlinks=False).st_mode
+        except (fspath.Escape, OSError):
+            return False
+        return stat.S_ISREG(mode)
 
     def _relative_pattern(self, pattern: str) -> str:
         if not pattern:
             raise PathOutsideWorkdirError("Empty glob pattern")
+        if "\0" in pattern:
+            raise PathOutsideWorkdirError(f"Pattern {pattern!r} contains a NUL byte")
         if os.path.isabs(pattern):
             # Accept an absolute pattern only when it spells out the root.
             root = self.root.as_posix().rstrip("/") + "/"
@@ -116,3 +307,11 @@ class Workspace:
                 f"Pattern {pattern!r} uses '..' and would leave the work directory"
             )
         return pattern or "*"
+
+
+def _matcher(part: str) -> Callable[[str], object]:
+    """A test for one name: equality for a plain name, else the glob as a regex."""
+    if not _MAGIC.search(part):
+        return part.__eq__
+    # Case-sensitive, and `*` matches a leading dot, as pathlib's glob does.
+    return re.compile(fnmatch.translate(part)).match
