@@ -730,3 +730,9 @@ class RemoteDelegate:
     async def aclose(self) -> None:
         if self._own_http:
             await self.http.aclose()
+
+    async def __aenter__(self) -> RemoteDelegate:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
