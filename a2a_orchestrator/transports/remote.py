@@ -69,7 +69,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ..delegation import ChildConfig, Emit
+from ..delegation import CANCELED_TEXT, ChildConfig, Emit
 from ..errors import (
     AgentUnavailableError,
     ConfigError,
@@ -164,9 +164,13 @@ class RemoteRun:
         message_id: str = "",
         pending_text: str = "",
         turn_started: float | None = None,
+        fresh: bool = False,
         on_attached: OnAttached | None = None,
         on_opening: OnOpening | None = None,
     ) -> None:
+        """`fresh`: a new child, whose first turn sends its opening message
+        under the stored `message_id`; a reopened child finds that message's
+        task (or sends it again) only to continue an interrupted turn."""
         self.delegate = delegate
         self.spec = spec
         self.url = spec.url or ""
@@ -185,9 +189,9 @@ class RemoteRun:
         # The context's first message carries the child's configuration; a
         # stored task means it was sent (recovery learns it from ListTasks).
         self._sent_config = bool(task_id)
-        # The stored opening message id may not have been sent yet (a new
-        # child) or not have arrived (recovery): its turn sends it.
-        self._unsent = bool(message_id) and not task_id
+        # A new child's stored opening message id is not sent yet: its first
+        # turn sends it. A later new task gets an id of its own.
+        self._unsent = fresh and bool(message_id)
         self._pending_text = pending_text
         self._turn_started = turn_started
         self._cancel_requested = False
@@ -257,11 +261,13 @@ class RemoteRun:
                 break
             # The agent answered and has no task for the opening message: it
             # never got it. Send it again, same ids (a role server that did
-            # get it answers with the existing task instead of a second one).
-            self._unsent = False
+            # get it answers with the existing task instead of a second one),
+            # unless the child was cancelled meanwhile.
+            if self._cancel_requested:
+                await emit(Failed(reason="aborted", message=CANCELED_TEXT))
+                return
             if await self._send(self._opening(), emit) or self._ended:
                 return
-        self._unsent = False
         await self._reattach(emit)
 
     async def _message(self, text: str) -> Message:
@@ -677,13 +683,18 @@ class RemoteDelegate:
         """A new child: its task is created by its first turn, whose message
         goes out under `context_id` and `message_id` (stored by the caller
         before the turn starts: identity before I/O)."""
-        return await self.reopen(
+        card = await self.card(spec)
+        return RemoteRun(
+            self,
             spec,
-            config,
-            child_id=child_id,
+            self._client(spec, card, streaming=True),
+            card,
+            overrides=config.overrides(),
+            turn_timeout=self.turn_timeout(spec, config),
             context_id=context_id,
             message_id=message_id,
-            entries=[config.prompt],
+            pending_text=config.prompt,
+            fresh=True,
             on_attached=on_attached,
             on_opening=on_opening,
         )
