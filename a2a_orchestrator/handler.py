@@ -17,11 +17,21 @@ rejects the executor's events, which carry the task's real context id
 ("Context in event doesn't match TaskManager"). Filling the stored task's
 context id into the message before the SDK sees it keeps such a task
 continuable.
+
+Repeated messages: a caller that lost its stream before hearing a task's id
+(a crash in the spawn window) may send the same opening message again, with
+the same message id and context id. a2a-sdk would start a second task and
+run the work twice; instead a message whose id is already in a task of its
+context is answered with that task (and, streaming, that task's live
+events). Messages of one id are handled one at a time until their task is
+stored, so two copies in flight cannot both start one.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from a2a.helpers import get_message_text
@@ -29,9 +39,12 @@ from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.types import (
     InvalidParamsError,
+    ListTasksRequest,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     Task,
     TaskNotFoundError,
+    TaskState,
     UnsupportedOperationError,
 )
 from google.protobuf.json_format import MessageToDict
@@ -45,6 +58,47 @@ CONTROL_ACTIONS = ("pause", "resume", "interrupt", "steer")
 
 
 class RoleRequestHandler(DefaultRequestHandler):
+    _opening: dict[str, asyncio.Lock] | None = None
+    """Locks of the task-opening messages being handled, by context/message id."""
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, params: SendMessageRequest) -> AsyncIterator[bool]:
+        """Hold the lock of a task-opening message's id; yields whether it
+        may open a task (False: no context to look in, nothing to guard)."""
+        message = params.message
+        if message.task_id or not message.context_id or not message.message_id:
+            yield False
+            return
+        if self._opening is None:
+            self._opening = {}
+        locks = self._opening
+        key = f"{message.context_id}/{message.message_id}"
+        lock = locks.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                yield True
+        finally:
+            if not lock.locked() and locks.get(key) is lock:
+                del locks[key]
+
+    async def _repeated(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task | None:
+        """The task a repeated opening message started already, if any."""
+        message = params.message
+        token = ""
+        while True:
+            request = ListTasksRequest(
+                context_id=message.context_id, page_token=token, page_size=100
+            )
+            listing = await self.task_store.list(request, context)
+            for task in listing.tasks:
+                if any(m.message_id == message.message_id for m in task.history):
+                    return task
+            token = listing.next_page_token
+            if not token:
+                return None
+
     async def _stored_task(self, task_id: str, context: ServerCallContext) -> Task | None:
         stored = await self.task_store.get(task_id, context)
         # A versioned (cluster) store wraps the task in a StoredTask.
@@ -93,7 +147,11 @@ class RoleRequestHandler(DefaultRequestHandler):
         if controlled is not None:
             return controlled
         await self._fill_context_id(params, context)
-        return await super().on_message_send(params, context)
+        async with self._one_at_a_time(params) as opening:
+            repeated = await self._repeated(params, context) if opening else None
+            if repeated is not None:
+                return repeated
+            return await super().on_message_send(params, context)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -103,5 +161,52 @@ class RoleRequestHandler(DefaultRequestHandler):
             yield controlled
             return
         await self._fill_context_id(params, context)
-        async for event in super().on_message_send_stream(params, context):
-            yield event
+        events: AsyncGenerator[Any, None] | None = None
+        async with self._one_at_a_time(params) as opening:
+            repeated = await self._repeated(params, context) if opening else None
+            if repeated is None:
+                events = super().on_message_send_stream(params, context)
+                # The first event is the stored task: once it is out, a
+                # repeat of this message finds it.
+                first = await anext(events, None)
+        if repeated is not None:
+            async for event in self._follow(repeated, context):
+                yield event
+            return
+        assert events is not None
+        try:
+            if first is None:
+                return
+            yield first
+            async for event in events:
+                yield event
+        finally:
+            # A caller gone mid-stream: the SDK then finishes the task in
+            # the background (it hears GeneratorExit here).
+            await events.aclose()
+
+    async def _follow(self, task: Task, context: ServerCallContext) -> AsyncIterator[Any]:
+        """The answer to a repeated message: its task, then its live events."""
+        if task.status.state in _TURN_OVER:
+            yield task
+            return
+        try:
+            async for event in self.on_subscribe_to_task(
+                SubscribeToTaskRequest(id=task.id), context
+            ):
+                yield event
+        except TaskNotFoundError:
+            # Not running here any more: the task sent first tells its state.
+            return
+
+
+_TURN_OVER = frozenset(
+    {
+        TaskState.TASK_STATE_COMPLETED,
+        TaskState.TASK_STATE_FAILED,
+        TaskState.TASK_STATE_CANCELED,
+        TaskState.TASK_STATE_REJECTED,
+        TaskState.TASK_STATE_INPUT_REQUIRED,
+        TaskState.TASK_STATE_AUTH_REQUIRED,
+    }
+)

@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
 import math
@@ -83,7 +84,10 @@ class Session:
         title: str = "",
         remote: RemoteDelegate | None = None,
         lost_after: float = 30.0,
+        idle_probe: float = 15.0,
     ) -> None:
+        """`lost_after` and `idle_probe` configure the session's own
+        `RemoteDelegate` (see there); a given `remote` keeps its own."""
         self.store = store
         self.network = network or Network.load()
         self.workspace = Workspace(Path(workdir))
@@ -95,6 +99,7 @@ class Session:
         self.local = LocalDelegate(self.workspace, models=self.models, parent_model=parent_model)
         self._remote = remote
         self._lost_after = lost_after
+        self._idle_probe = idle_probe
         self._children: dict[str, ChildHandle] = {}
         self._listeners: list[Listener] = []
         self._settle_listeners: list[Callable[[ChildHandle], None]] = []
@@ -121,7 +126,7 @@ class Session:
         await self.store.create_session(self.id, title=self.title)
         if self._remote is None:
             self._remote = await self._stack.enter_async_context(
-                _closing(RemoteDelegate(lost_after=self._lost_after))
+                _closing(RemoteDelegate(lost_after=self._lost_after, idle_probe=self._idle_probe))
             )
         await self._runner.register()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -225,8 +230,21 @@ class Session:
         )
         run: ChildRun
         if spec.remote:
+            # Identity before I/O: the task's context id and its opening
+            # message id are chosen here and stored with the row (below)
+            # before the first turn sends anything, so a crash at any point
+            # after leaves what recovery needs to find the task again.
+            record = dataclasses.replace(
+                record, a2a_context_id=uuidlib.uuid4().hex, a2a_message_id=uuidlib.uuid4().hex
+            )
             run = await self.remote.open(
-                spec, config, child_id=child_id, on_attached=self._attached(child_id)
+                spec,
+                config,
+                child_id=child_id,
+                context_id=record.a2a_context_id,
+                message_id=record.a2a_message_id,
+                on_attached=self._attached(child_id),
+                on_opening=self._opening(child_id),
             )
         else:
             extra = self.child_tools(child_id, depth) if self.child_tools else None
@@ -370,13 +388,21 @@ class Session:
         spec = self._spec_for(record)
         run: ChildRun
         if record.transport == "remote":
+            inputs = [item for item in stored if item.kind == "input"]
             run = await self.remote.reopen(
                 spec,
                 config,
                 child_id=record.child_id,
+                # The last input opened the turn a crash interrupted: sent
+                # again if the agent never got it, and its time starts the
+                # turn's deadline.
+                entries=[str(item.payload.get("text", "")) for item in inputs[-1:]],
                 task_id=record.a2a_task_id,
                 context_id=record.a2a_context_id,
+                message_id=record.a2a_message_id,
+                turn_started=inputs[-1].created_at if inputs else record.created_at,
                 on_attached=self._attached(record.child_id),
+                on_opening=self._opening(record.child_id),
             )
         else:
             extra = self.child_tools(record.child_id, record.depth) if self.child_tools else None
@@ -436,6 +462,15 @@ class Session:
             await self.store.update_child(child_id, a2a_task_id=task_id, a2a_context_id=context_id)
 
         return attached
+
+    def _opening(self, child_id: str) -> Callable[[str], Any]:
+        async def opening(message_id: str) -> None:
+            # A follow-up that opens a new task in the child's context: its
+            # message id is stored before it is sent, and the old task's id
+            # cleared, so recovery looks for the new task, not the old one.
+            await self.store.update_child(child_id, a2a_task_id="", a2a_message_id=message_id)
+
+        return opening
 
     async def _sink(self, handle: ChildHandle, item: ChildEvent | str) -> bool:
         if isinstance(item, str):

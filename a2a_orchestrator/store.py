@@ -177,6 +177,14 @@ class RunnerRecord:
 
 
 @MIGRATIONS()
+def m004_remote_identity(db: sqlite_utils.Database) -> None:
+    # A remote child's first message id is chosen and stored before it is
+    # sent (with the context id, which m001 has), so recovery can find the
+    # task a crash kept us from hearing about, or resend the same message.
+    db.table("children").add_column("a2a_message_id", str)
+
+
+@MIGRATIONS()
 def m005_tool_calls(db: sqlite_utils.Database) -> None:
     # The tool-call journal of in-process children (see `journal`).
     create_table(db.conn)
@@ -206,6 +214,9 @@ class ChildRecord:
     url: str = ""
     a2a_task_id: str = ""
     a2a_context_id: str = ""
+    a2a_message_id: str = ""
+    """The id of the message that opened the child's newest task (remote);
+    stored before sending it, so recovery can find that task by it."""
     config: dict[str, Any] = field(default_factory=dict)
     result: str = ""
     depth: int = 1
@@ -225,6 +236,7 @@ class ChildRecord:
             data[key] = data.get(key) or ""
         data["a2a_task_id"] = data.get("a2a_task_id") or ""
         data["a2a_context_id"] = data.get("a2a_context_id") or ""
+        data["a2a_message_id"] = data.get("a2a_message_id") or ""
         return cls(**data)
 
 

@@ -2,10 +2,27 @@
 
 Built on the a2a-sdk client: agent-card discovery, JSON-RPC with SSE
 streaming (the factory picks the v0.3 compat transport for 0.3 peers), the
-SDK's auth interceptor with a per-agent bearer token. A broken stream is
-re-attached (GetTask, then SubscribeToTask while the task still works);
-the task's history fills in what the break missed. An agent that stays
-unreachable for `lost_after` seconds ends its child as `Failed(reason="lost")`.
+SDK's auth interceptor with a per-agent bearer token.
+
+Contract of a turn (`RemoteRun.turn`), so no child is left `running`:
+- Identity before I/O: a message that opens a task goes out with a context
+  id and message id the caller stored first (`open`, `on_opening`). When the
+  stream gives out before naming the task (or after a restart), the task is
+  found again by them (ListTasks of the context, the message id in a task's
+  history); an agent that answers without it never got the message, which
+  is then sent again with the same ids (a role server that did get it
+  answers with that task, never a second one).
+- A broken stream, or one that ends without a terminal frame, is re-attached
+  (GetTask, then SubscribeToTask while the task still works); the task's
+  history fills in what the break missed.
+- A stream silent for `idle_probe` seconds is probed with GetTask: a task
+  that is done ends the turn from the answer, a working one (a long command
+  sends no frames) is waited for.
+- An agent unreachable (refused, timed out, unanswered probes) for
+  `lost_after` seconds ends the child `Failed(reason="lost")`.
+- A turn not over by its deadline (the child's timeout plus
+  `deadline_grace`) has its task cancelled on the agent (best effort) and
+  ends `Failed(reason="timeout")`. Only the deadline ends a working task.
 
 This module is the one boundary where httpx and a2a client errors become
 `DelegationError`s (`translate_error`), with the cause kept.
@@ -15,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
+import uuid as uuidlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -38,19 +57,30 @@ from a2a.types import (
     AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
+    Message,
     Role,
     SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
+    Task,
     TaskState,
 )
 from a2a.utils.errors import A2AError
+from anyio.streams.memory import MemoryObjectSendStream
 
-from ..delegation import ChildConfig, Emit
-from ..errors import AgentUnavailableError, DelegationError, DelegationTimeoutError, ProtocolError
-from ..events import Failed
+from ..delegation import CANCELED_TEXT, ChildConfig, Emit
+from ..errors import (
+    AgentUnavailableError,
+    ConfigError,
+    DelegationError,
+    DelegationTimeoutError,
+    ProtocolError,
+)
+from ..events import TERMINAL_KINDS, ChildEvent, Failed
 from ..models.base import ChatMessage
 from ..network import AgentSpec
+from ..roles import find_role
 from ..wire import (
     CONFIG_KEY,
     CONTROL_EXTENSION,
@@ -64,6 +94,9 @@ __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 logger = logging.getLogger(__name__)
 
 OnAttached = Callable[[str, str], Awaitable[None]]
+"""Told a child's task id and context id once the agent names them."""
+OnOpening = Callable[[str], Awaitable[None]]
+"""Told the id of a message that opens a new task, before it is sent (to store it)."""
 
 
 def translate_error(exc: BaseException, url: str) -> DelegationError:
@@ -113,7 +146,7 @@ class _Token(CredentialService):
 
 
 class RemoteRun:
-    """A child that is an A2A task on a remote agent."""
+    """A child that is an A2A task on a remote agent (see the module docstring)."""
 
     transport = "remote"
 
@@ -125,22 +158,45 @@ class RemoteRun:
         card: AgentCard,
         *,
         overrides: dict[str, Any],
+        turn_timeout: float,
         task_id: str = "",
         context_id: str = "",
+        message_id: str = "",
+        pending_text: str = "",
+        turn_started: float | None = None,
+        fresh: bool = False,
         on_attached: OnAttached | None = None,
+        on_opening: OnOpening | None = None,
     ) -> None:
+        """`fresh`: a new child, whose first turn sends its opening message
+        under the stored `message_id`; a reopened child finds that message's
+        task (or sends it again) only to continue an interrupted turn."""
         self.delegate = delegate
         self.spec = spec
         self.url = spec.url or ""
         self.client = client
         self.card = card
         self.overrides = overrides
+        self.turn_timeout = turn_timeout
+        """Seconds a turn may take (the child's timeout); the deadline adds the grace."""
         self.task_id = task_id
         self.context_id = context_id
+        self.message_id = message_id
+        """The id of the message that opens (or opened) the child's newest task."""
         self.on_attached = on_attached
+        self.on_opening = on_opening
         self.decoder = StreamDecoder()
-        self._sent_config = bool(task_id or context_id)
+        # The context's first message carries the child's configuration; a
+        # stored task means it was sent (recovery learns it from ListTasks).
+        self._sent_config = bool(task_id)
+        # A new child's stored opening message id is not sent yet: its first
+        # turn sends it. A later new task gets an id of its own.
+        self._unsent = fresh and bool(message_id)
+        self._pending_text = pending_text
+        self._turn_started = turn_started
         self._cancel_requested = False
+        self._ended = False
+        self._contact = 0.0
 
     @property
     def model(self) -> str:
@@ -156,83 +212,300 @@ class RemoteRun:
                 # Cancel asked for before the agent told us the task's id.
                 await self._send_cancel()
 
-    async def _relay(self, responses: AsyncIterator[StreamResponse], emit: Emit) -> bool:
-        """Emit a stream's events; True once the turn is over. The stream is
-        closed here, also when the turn ends before it does."""
-        async with contextlib.aclosing(responses) as stream:  # type: ignore[type-var]
-            async for response in stream:
-                events = self.decoder.decode(response)
-                await self._note_ids()
-                for event in events:
-                    await emit(event)
-                if self.decoder.finished_turn:
-                    return True
-        return self.decoder.finished_turn
+    def _heard(self) -> None:
+        """The agent answered: the `lost_after` clock starts again."""
+        self._contact = anyio.current_time()
+
+    async def _unreachable(self, exc: DelegationError, emit: Emit) -> bool:
+        """Count a failed call toward `lost_after`; True once the child is lost (emitted)."""
+        if anyio.current_time() - self._contact < self.delegate.lost_after:
+            return False
+        await emit(Failed(reason="lost", message=f"lost contact with {self.url}: {exc}"))
+        return True
+
+    # -- a turn -------------------------------------------------------------------
 
     async def turn(self, text: str | None, emit: Emit) -> None:
+        """Play one turn within its deadline (see the module docstring)."""
         # A cancel asked for before an earlier turn's task had an id does not
         # carry over to this turn (the handle stops a turn not yet started).
         self._cancel_requested = False
+        self._ended = False
+        self._heard()
+
+        async def watched(event: ChildEvent) -> None:
+            await emit(event)
+            self._ended = self._ended or event.kind in TERMINAL_KINDS
+
+        # A turn resumed after a restart keeps the deadline it started with.
+        left = self.turn_timeout + self.delegate.deadline_grace
+        if text is None and self._turn_started is not None:
+            left -= max(0.0, time.time() - self._turn_started)
+        self._turn_started = None
+        with anyio.move_on_after(max(0.0, left)) as scope:
+            await self._play(text, watched)
+        if scope.cancelled_caught and not self._ended:
+            await self._time_out(watched)
+
+    async def _play(self, text: str | None, emit: Emit) -> None:
         if text is not None:
-            message = new_text_message(text, role=Role.ROLE_USER)
-            self.decoder.new_turn()
-            if self.task_id and not self._task_over():
-                message.task_id = self.task_id
-                message.context_id = self.context_id
-            else:
-                # A new task: its id comes with the first frame. After a task
-                # ended, a new task in the same context continues the same
-                # conversation on the role server.
-                message.context_id = self.context_id
-                self.task_id = self.decoder.task_id = ""
-            if not self._sent_config and self.overrides:
-                message.metadata.update({CONFIG_KEY: self.overrides})
-            self._sent_config = True
-            try:
-                with _translated(self.url):
-                    request = SendMessageRequest(message=message)
-                    if await self._relay(self.client.send_message(request), emit):
-                        return
-            except DelegationError as exc:
-                if not self.task_id:
-                    raise
-                logger.info("stream from %s broke (%s); re-attaching", self.url, exc)
-        if not self.task_id:
-            # The orchestrator stopped before the agent acknowledged the task.
-            await emit(
-                Failed(reason="lost", message=f"{self.url} never acknowledged the child's task")
-            )
-            return
+            self._pending_text = text
+            message = await self._message(text)
+            if await self._send(message, emit) or self._ended:
+                return
+        while not self.task_id:
+            found = await self._locate(emit)
+            if found is None:
+                return  # lost (emitted)
+            if found:
+                break
+            # The agent answered and has no task for the opening message: it
+            # never got it. Send it again, same ids (a role server that did
+            # get it answers with the existing task instead of a second one),
+            # unless the child was cancelled meanwhile.
+            if self._cancel_requested:
+                await emit(Failed(reason="aborted", message=CANCELED_TEXT))
+                return
+            if await self._send(self._opening(), emit) or self._ended:
+                return
         await self._reattach(emit)
+
+    async def _message(self, text: str) -> Message:
+        """The turn's message: on the live task, or opening a new task."""
+        self.decoder.new_turn()
+        if self.task_id and not self._task_over():
+            message = new_text_message(text, role=Role.ROLE_USER)
+            message.task_id = self.task_id
+            message.context_id = self.context_id
+            return message
+        # A new task: its id comes with the first frame. After a task ended,
+        # a new task in the same context continues the same conversation on
+        # the role server. Its opening message id is stored before it is sent.
+        self.task_id = self.decoder.task_id = ""
+        if not self._unsent:
+            self.message_id = uuidlib.uuid4().hex
+            if self.on_opening is not None:
+                await self.on_opening(self.message_id)
+        self._unsent = False
+        return self._opening()
+
+    def _opening(self) -> Message:
+        message = new_text_message(
+            self._pending_text,
+            role=Role.ROLE_USER,
+            context_id=self.context_id or None,
+        )
+        if self.message_id:
+            message.message_id = self.message_id
+        if not self._sent_config and self.overrides:
+            message.metadata.update({CONFIG_KEY: self.overrides})
+        self._sent_config = True
+        return message
+
+    async def _send(self, message: Message, emit: Emit) -> bool:
+        """Stream one message's answer; True once the turn is over. A broken
+        stream returns False (the caller finds or re-attaches the task); a
+        refusal before any task exists (a bad token, invalid params) raises."""
+        try:
+            with _translated(self.url):
+                request = SendMessageRequest(message=message)
+                return await self._relay(self.client.send_message(request), emit)
+        except (AgentUnavailableError, DelegationTimeoutError) as exc:
+            logger.info("stream from %s broke (%s); re-attaching", self.url, exc)
+            if await self._unreachable(exc, emit):
+                return True
+            await anyio.sleep(self.delegate.retry_interval)
+            return False
+        except ProtocolError as exc:
+            if not self.task_id:
+                raise
+            logger.info("stream from %s broke (%s); re-attaching", self.url, exc)
+            return False
 
     def _task_over(self) -> bool:
         return self.decoder.finished_turn and self.decoder.state not in _WAITING
 
-    async def _reattach(self, emit: Emit) -> None:
-        """Follow the task until its turn ends, or give it up as lost."""
-        deadline = anyio.current_time() + self.delegate.lost_after
+    async def _relay(self, responses: AsyncIterator[StreamResponse], emit: Emit) -> bool:
+        """Emit a stream's events; True once the turn is over.
+
+        The stream is read by a task of its own, so a silence of `idle_probe`
+        seconds can be probed (GetTask) without giving the stream up: a task
+        that is done ends the turn from the probe's answer, a working one
+        (a long command sends no frames) is waited for. The stream is closed
+        here, also when the turn ends before it does.
+        """
+        send, receive = anyio.create_memory_object_stream[StreamResponse | Exception](0)
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_read, responses, send)
+            try:
+                while True:
+                    with anyio.move_on_after(self.delegate.idle_probe) as silent:
+                        item = await receive.receive()
+                    if silent.cancelled_caught:
+                        if await self._probe(emit):
+                            return True
+                        continue
+                    if isinstance(item, Exception):
+                        raise item
+                    self._heard()
+                    events = self.decoder.decode(item)
+                    await self._note_ids()
+                    for event in events:
+                        await emit(event)
+                    if self.decoder.finished_turn:
+                        return True
+            except anyio.EndOfStream:
+                return self.decoder.finished_turn
+            except Exception as exc:
+                # Raised outside the task group, so callers see the error
+                # itself rather than an exception group around it.
+                failure = exc
+            finally:
+                tg.cancel_scope.cancel()
+                receive.close()
+        assert failure is not None
+        raise failure
+
+    async def _probe(self, emit: Emit) -> bool:
+        """Ask a silent agent about the task; True once the turn is over."""
+        try:
+            with _translated(self.url):
+                if self.task_id:
+                    request = GetTaskRequest(id=self.task_id)
+                    task: Task | None = await self.client.get_task(request, context=self._call())
+                else:
+                    task, _ = await self._find()
+        except (AgentUnavailableError, DelegationTimeoutError) as exc:
+            logger.info("probe of %s failed: %s", self.url, exc)
+            return await self._unreachable(exc, emit)
+        except ProtocolError as exc:
+            # The agent answers but cannot say (no ListTasks, say): the stream
+            # stays, and the turn's deadline bounds the wait.
+            self._heard()
+            logger.info("probe of %s: %s", self.url, exc)
+            return False
+        self._heard()
+        if task is None:
+            return False  # not created yet: its stream still may bring it
+        events = self.decoder.decode_task(task)
+        await self._note_ids()
+        for event in events:
+            await emit(event)
+        return self.decoder.finished_turn
+
+    def _call(self) -> ClientCallContext:
+        """A call that gives up after `idle_probe` seconds (a probe, a lookup)."""
+        return ClientCallContext(timeout=self.delegate.idle_probe)
+
+    async def _find(self) -> tuple[Task | None, bool]:
+        """The task the opening message started, if the agent has it, and
+        whether the context has any task (then it has the child's config)."""
+        token = ""
+        tasks: list[Task] = []
+        while True:
+            request = ListTasksRequest(context_id=self.context_id, page_token=token, page_size=100)
+            listing = await self.client.list_tasks(request, context=self._call())
+            tasks.extend(listing.tasks)
+            for task in listing.tasks:
+                if any(m.message_id == self.message_id for m in task.history):
+                    return task, True
+            token = listing.next_page_token
+            if not token:
+                break
+        if len(tasks) == 1 and not tasks[0].history:
+            # A peer that keeps no history: the context is this child's own
+            # (its id was made for it), so its one task is the opening's.
+            return tasks[0], True
+        return None, bool(tasks)
+
+    async def _locate(self, emit: Emit) -> bool | None:
+        """Find the task of the opening message after the stream gave out
+        before naming it. True: found and noted; False: the agent has no
+        such task; None: lost (emitted)."""
+        if not self.message_id:
+            # A child stored before opening ids were (an older store).
+            await emit(
+                Failed(reason="lost", message=f"{self.url} never acknowledged the child's task")
+            )
+            return None
         while True:
             try:
                 with _translated(self.url):
-                    task = await self.client.get_task(GetTaskRequest(id=self.task_id))
+                    task, context_used = await self._find()
+            except (AgentUnavailableError, DelegationTimeoutError) as exc:
+                if await self._unreachable(exc, emit):
+                    return None
+                await anyio.sleep(self.delegate.retry_interval)
+                continue
+            except ProtocolError as exc:
+                # Without ListTasks the agent cannot tell whether it got the
+                # message; sending it again could run the work twice.
+                await emit(
+                    Failed(
+                        reason="lost",
+                        message=f"cannot find the child's task on {self.url}: {exc}",
+                    )
+                )
+                return None
+            self._heard()
+            if task is None:
+                self._sent_config = context_used
+                return False
+            self.decoder.task_id, self.decoder.context_id = task.id, task.context_id
+            await self._note_ids()
+            return True
+
+    async def _reattach(self, emit: Emit) -> None:
+        """Follow the task until its turn ends, or give it up as lost."""
+        while True:
+            try:
+                with _translated(self.url):
+                    task = await self.client.get_task(
+                        GetTaskRequest(id=self.task_id), context=self._call()
+                    )
+                    self._heard()
                     for event in self.decoder.decode_task(task):
                         await emit(event)
-                    if self.decoder.finished_turn:
+                    if self.decoder.finished_turn or self._ended:
                         return
                     request = SubscribeToTaskRequest(id=self.task_id)
-                    if await self._relay(self.client.subscribe(request), emit):
+                    if await self._relay(self.client.subscribe(request), emit) or self._ended:
                         return
-                deadline = anyio.current_time() + self.delegate.lost_after
+                # The subscription ended without a terminal frame: look again.
             except (AgentUnavailableError, DelegationTimeoutError) as exc:
-                if anyio.current_time() >= deadline:
-                    await emit(
-                        Failed(reason="lost", message=f"lost contact with {self.url}: {exc}")
-                    )
+                if await self._unreachable(exc, emit):
                     return
             except ProtocolError as exc:
                 await emit(Failed(reason="lost", message=f"lost the task on {self.url}: {exc}"))
                 return
             await anyio.sleep(self.delegate.retry_interval)
+
+    async def _time_out(self, emit: Emit) -> None:
+        """The turn passed its deadline: cancel the task (best effort), fail `timeout`."""
+        with anyio.move_on_after(self.delegate.idle_probe):
+            try:
+                if not self.task_id and self.message_id:
+                    with _translated(self.url):
+                        task, _ = await self._find()
+                    if task is not None:
+                        self.decoder.task_id, self.decoder.context_id = task.id, task.context_id
+                        await self._note_ids()
+                if self.task_id:
+                    await self._send_cancel()
+            except DelegationError as exc:
+                logger.info("cancel of a timed-out task on %s: %s", self.url, exc)
+        limit = self.turn_timeout + self.delegate.deadline_grace
+        await emit(
+            Failed(
+                reason="timeout",
+                message=f"{self.url} did not finish the turn within {limit:g} s "
+                f"(timeout {self.turn_timeout:g} s + {self.delegate.deadline_grace:g} s grace); "
+                "its task was cancelled",
+            )
+        )
+
+    # -- control ------------------------------------------------------------------
 
     async def cancel(self) -> None:
         self._cancel_requested = True
@@ -243,7 +516,9 @@ class RemoteRun:
         self._cancel_requested = False
         with _translated(self.url):
             try:
-                await self.client.cancel_task(CancelTaskRequest(id=self.task_id))
+                await self.client.cancel_task(
+                    CancelTaskRequest(id=self.task_id), context=self._call()
+                )
             except A2AError as exc:
                 # Already terminal (TaskNotCancelable): the stream tells the rest.
                 logger.info("cancel of %s on %s: %s", self.task_id, self.url, exc)
@@ -292,13 +567,42 @@ class RemoteRun:
         await self.client.close()
 
 
+async def _read(
+    responses: AsyncIterator[StreamResponse],
+    send: MemoryObjectSendStream[StreamResponse | Exception],
+) -> None:
+    """Hand a stream's responses (and then its error, if any) to `_relay`."""
+    try:
+        async with send:
+            try:
+                async for response in responses:
+                    await send.send(response)
+            except anyio.BrokenResourceError:
+                return  # the turn ended before the stream did
+            except Exception as exc:
+                with contextlib.suppress(anyio.BrokenResourceError):
+                    await send.send(exc)
+    finally:
+        # Closing drops the connection (no I/O): let it finish when the
+        # reader is cancelled, or the connection could linger half-closed.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await responses.aclose()  # type: ignore[attr-defined]
+
+
 _WAITING = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
 
 
 class RemoteDelegate:
     """Opens children on remote A2A agents (`Delegate` for agents with a URL).
 
-    Owns an httpx client unless given one; close it with `aclose()`.
+    `idle_probe`: seconds of stream silence before the agent is asked about
+    the task (GetTask); also how long a probe or lookup may take.
+    `deadline_grace`: seconds past a turn's timeout before its task is
+    cancelled and the child fails `timeout` (the agent's own timeout report
+    comes first when it can). `lost_after`: seconds an agent may stay
+    unreachable before its child fails `lost`. `default_timeout`: a turn's
+    timeout when neither the child nor the role (as this orchestrator finds
+    it) says. Owns an httpx client unless given one; close it with `aclose()`.
     """
 
     def __init__(
@@ -309,6 +613,9 @@ class RemoteDelegate:
         stream_timeout: float = 600.0,
         lost_after: float = 30.0,
         retry_interval: float = 0.5,
+        idle_probe: float = 15.0,
+        deadline_grace: float = 15.0,
+        default_timeout: float = 60.0,
     ) -> None:
         self._own_http = http is None
         self.http = http or httpx.AsyncClient(
@@ -317,7 +624,11 @@ class RemoteDelegate:
         )
         self.lost_after = lost_after
         self.retry_interval = retry_interval
+        self.idle_probe = idle_probe
+        self.deadline_grace = deadline_grace
+        self.default_timeout = default_timeout
         self._cards: dict[str, AgentCard] = {}
+        self._role_timeouts: dict[str, float] = {}
 
     async def card(self, spec: AgentSpec) -> AgentCard:
         """The agent's card (cached per URL)."""
@@ -328,6 +639,23 @@ class RemoteDelegate:
                 card = await A2ACardResolver(self.http, url).get_agent_card()
             self._cards[url] = card
         return card
+
+    def turn_timeout(self, spec: AgentSpec, config: ChildConfig) -> float:
+        """A turn's timeout: the child's, else its role's, else `default_timeout`.
+
+        The role file is the one this orchestrator finds (the one `up` and
+        the compose file serve); a foreign agent's role gets the default.
+        """
+        if config.timeout is not None:
+            return float(config.timeout)
+        known = self._role_timeouts.get(spec.role)
+        if known is None:
+            try:
+                known = find_role(spec.role).timeout
+            except ConfigError:
+                known = self.default_timeout
+            self._role_timeouts[spec.role] = known
+        return known
 
     def _client(self, spec: AgentSpec, card: AgentCard, *, streaming: bool) -> Client:
         token = spec.token()
@@ -347,10 +675,29 @@ class RemoteDelegate:
         config: ChildConfig,
         *,
         child_id: str,
+        context_id: str = "",
+        message_id: str = "",
         on_attached: OnAttached | None = None,
+        on_opening: OnOpening | None = None,
     ) -> RemoteRun:
-        """A new child: its task is created by its first turn."""
-        return await self.reopen(spec, config, child_id=child_id, on_attached=on_attached)
+        """A new child: its task is created by its first turn, whose message
+        goes out under `context_id` and `message_id` (stored by the caller
+        before the turn starts: identity before I/O)."""
+        card = await self.card(spec)
+        return RemoteRun(
+            self,
+            spec,
+            self._client(spec, card, streaming=True),
+            card,
+            overrides=config.overrides(),
+            turn_timeout=self.turn_timeout(spec, config),
+            context_id=context_id,
+            message_id=message_id,
+            pending_text=config.prompt,
+            fresh=True,
+            on_attached=on_attached,
+            on_opening=on_opening,
+        )
 
     async def reopen(
         self,
@@ -361,21 +708,42 @@ class RemoteDelegate:
         entries: Any = (),
         task_id: str = "",
         context_id: str = "",
+        message_id: str = "",
+        turn_started: float | None = None,
         on_attached: OnAttached | None = None,
+        on_opening: OnOpening | None = None,
     ) -> RemoteRun:
-        """Re-attach to a child's task by its stored ids (crash recovery)."""
+        """Re-attach to a child's task by its stored ids (crash recovery).
+
+        With no task id yet, the task is looked for by `context_id` and
+        `message_id`, and the opening message (the last text in `entries`)
+        is sent again if the agent never got it. `turn_started` (wall
+        clock) keeps an interrupted turn's deadline.
+        """
         card = await self.card(spec)
+        texts = [entry for entry in entries if isinstance(entry, str)]
         return RemoteRun(
             self,
             spec,
             self._client(spec, card, streaming=True),
             card,
             overrides=config.overrides(),
+            turn_timeout=self.turn_timeout(spec, config),
             task_id=task_id,
             context_id=context_id,
+            message_id=message_id,
+            pending_text=texts[-1] if texts else config.prompt,
+            turn_started=turn_started,
             on_attached=on_attached,
+            on_opening=on_opening,
         )
 
     async def aclose(self) -> None:
         if self._own_http:
             await self.http.aclose()
+
+    async def __aenter__(self) -> RemoteDelegate:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
