@@ -213,6 +213,11 @@ class RoleExecutor(AgentExecutor):
         """The size of the conversations held in memory now (`conversation_size`)."""
         return sum(conversation_size(c) for c in self._conversations.values())
 
+    @property
+    def held_contexts(self) -> frozenset[str]:
+        """The contexts whose conversations are held in memory now."""
+        return frozenset(self._conversations)
+
     def conversation(self, task_id: str) -> Conversation | None:
         """The conversation a task belongs to, while this server holds it."""
         context_id = self._context_of.get(task_id)

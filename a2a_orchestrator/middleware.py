@@ -2,9 +2,12 @@
 
 Order (outermost first): auth, then the body. Auth looks at headers only,
 so an unauthenticated request is answered 401 before any byte of its body
-is read; the body is then read whole, bounded in size (413) and in time
-(408), before the app sees it. Every refusal closes the connection, since
-the rest of the body was never read.
+is read, and the connection is closed so that none is read after either.
+The body is then read whole, bounded in size (413) and in time (408),
+before the app sees it. A 408, or a 413 found while reading, closes the
+connection too. A 413 on a declared Content-Length keeps it: the client (it
+passed auth) then reads its 413 instead of a reset, and uvicorn discards
+the declared rest of the body without keeping it.
 
 Auth uses Starlette's `AuthenticationMiddleware`, so `request.user` flows
 into a2a-sdk's `ServerCallContext.user` and the task store scopes tasks to
@@ -113,7 +116,7 @@ class BodyLimitMiddleware:
                     break  # the client went away; the app sees an empty body
                 size += len(message.get("body", b""))
                 if size > self.max_bytes:
-                    await self._too_large(send)
+                    await self._too_large(send, close=True)
                     return
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body", False):
@@ -124,6 +127,7 @@ class BodyLimitMiddleware:
                 408,
                 "request timeout",
                 f"the request body did not arrive within {self.timeout:g} s",
+                close=True,
             )
             return
         body = b"".join(chunks)
@@ -138,22 +142,19 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send) -> None:
-        await _refuse(send, 413, "payload too large", f"request body over {self.max_bytes} bytes")
+    async def _too_large(self, send: Send, *, close: bool = False) -> None:
+        detail = f"request body over {self.max_bytes} bytes"
+        await _refuse(send, 413, "payload too large", detail, close=close)
 
 
-async def _refuse(send: Send, status: int, error: str, detail: str) -> None:
+async def _refuse(send: Send, status: int, error: str, detail: str, *, close: bool) -> None:
     body = json.dumps({"error": error, "detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                # The rest of the body stays unread: the connection cannot be reused.
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if close:
+        # Whatever the client still sends is never read.
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
