@@ -65,6 +65,7 @@ from .middleware import (
     auth_error,
 )
 from .models.base import Model
+from .overrides import offered_models
 from .roles import Role
 from .serving import bind_socket, serve
 from .taskstore import SQLiteTaskStore
@@ -378,6 +379,8 @@ async def run_role_server(
     may ask for `default`, `mini`, the role's `models` and `model_names`.
     `max_memory` bounds the conversations held in memory (bytes).
     """
+    # A script in the model allow-list is refused before the port is taken.
+    offered_models(role, model_names)
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
     task_store = open_task_store(db)

@@ -85,6 +85,17 @@ def _send(config: Any, *, method: str = "SendMessage", text: str = "hi") -> dict
     }
 
 
+def _v0_3(config: Any) -> dict[str, Any]:
+    """The same message as a v0.3 peer sends it (no A2A-Version header)."""
+    message = {
+        "role": "user",
+        "messageId": uuid.uuid4().hex,
+        "parts": [{"kind": "text", "text": "hi"}],
+        "metadata": {CONFIG_KEY: config},
+    }
+    return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+
+
 async def _rpc(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
     response = await http.post(url + "/", json=body, headers={"A2A-Version": "1.0"})
     if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -185,13 +196,14 @@ async def test_wrong_or_wider_config_is_invalid_params_naming_the_field(
         ):
             unary = await _rpc(http, server.url, _send(config))
             streamed = await _rpc(http, server.url, _send(config, method="SendStreamingMessage"))
+            legacy = await http.post(server.url + "/", json=_v0_3(config))
             rest = await http.post(
                 server.url + "/rest/message:send",
                 headers={"A2A-Version": "1.0"},
                 json=_send(config)["params"],
             )
             tasks = await _task_count(http, server.url)
-    for reply in (unary, streamed):
+    for reply in (unary, streamed, legacy.json()):
         assert reply["error"]["code"] == INVALID_PARAMS, reply
         assert field in reply["error"]["message"]
     assert rest.status_code == 400, rest.text
