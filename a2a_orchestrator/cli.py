@@ -113,6 +113,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--model", default=None, help="override the role's model name")
     serve.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated model names a caller may choose for its child, besides "
+        "default, mini and the role file's `models` (default: $A2A_MODELS)",
+    )
+    serve.add_argument(
+        "--max-memory-mb",
+        type=float,
+        default=None,
+        help="size of the conversations kept in memory; the oldest idle ones are "
+        "rebuilt from the task store (default: $A2A_MAX_MEMORY_MB or 256)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=None,
+        help="seconds a client has to send a request body, else 408 "
+        "(default: $A2A_BODY_TIMEOUT or 30)",
+    )
+    serve.add_argument(
         "--store", type=Path, default=None, help="orchestrator only: its store (under --workdir)"
     )
 

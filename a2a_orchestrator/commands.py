@@ -278,7 +278,9 @@ async def _serve(args: argparse.Namespace) -> int:
             role = role.with_overrides(model=args.model)
         model = resolve_model(role.model, settings)
         db = args.db or str(workdir / ".a2a" / f"tasks-{role.name}.db")
-        context = run_role_server(role, model, workdir, db=db, models=models, **common)
+        context = run_role_server(
+            role, model, workdir, db=db, models=models, **_server_limits(args), **common
+        )
         name = role.name
         model_line = describe_model(model)
         extra = []
@@ -296,6 +298,28 @@ async def _serve(args: argparse.Namespace) -> int:
         await server.stopped.wait()
     say(f"{name}: stopped")
     return 0
+
+
+def _server_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """`serve`'s allow-list and limits: the flag, else its variable, else the default."""
+
+    def number(flag: float | None, name: str, variable: str, default: float) -> float:
+        raw = os.environ.get(variable, "").strip()
+        try:
+            value = flag if flag is not None else float(raw) if raw else default
+        except ValueError:
+            raise OrchestratorError(f"${variable} must be a number, got {raw!r}") from None
+        if not value > 0:
+            raise OrchestratorError(f"{name} (or ${variable}) must be positive, got {value:g}")
+        return value
+
+    names = args.models if args.models is not None else os.environ.get("A2A_MODELS", "")
+    megabytes = number(args.max_memory_mb, "--max-memory-mb", "A2A_MAX_MEMORY_MB", 256)
+    return {
+        "model_names": [n.strip() for n in names.split(",") if n.strip()],
+        "max_memory": int(megabytes * 1024 * 1024),
+        "body_timeout": number(args.body_timeout, "--body-timeout", "A2A_BODY_TIMEOUT", 30.0),
+    }
 
 
 async def _status(args: argparse.Namespace) -> int:

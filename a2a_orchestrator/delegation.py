@@ -90,12 +90,18 @@ class ChildConfig:
     """Free-form, stored with the child."""
 
     def overrides(self) -> dict[str, Any]:
-        """The parts that change the role, as sent to a role server."""
+        """The parts that change the role, as sent to a role server.
+
+        Values are not checked here (`overrides.parse_overrides` does, for
+        both transports); a value of the wrong kind is passed on as it is,
+        so the check names it instead of seeing it mangled.
+        """
         data: dict[str, Any] = {}
         if self.system_prompt is not None:
             data["system_prompt"] = self.system_prompt
         if self.tools is not None:
-            data["tools"] = list(self.tools)
+            # list("read_file") would be its letters.
+            data["tools"] = self.tools if isinstance(self.tools, str) else list(self.tools)
         if self.model is not None:
             data["model"] = self.model
         if self.max_turns is not None:
@@ -103,7 +109,12 @@ class ChildConfig:
         if self.timeout is not None:
             data["timeout"] = self.timeout
         if self.shared_context:
-            data["shared_context"] = [dict(m) for m in self.shared_context]
+            context = self.shared_context
+            data["shared_context"] = (
+                [dict(m) if isinstance(m, dict) else m for m in context]
+                if isinstance(context, list | tuple)
+                else context
+            )
         return data
 
     def to_dict(self) -> dict[str, Any]:

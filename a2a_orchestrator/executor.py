@@ -8,15 +8,23 @@ server restarted meanwhile.
 
 A child's configuration (system prompt, a subset of the role's tools, model,
 limits, an explicitly shared context) travels in the first message's
-metadata under `CONFIG_KEY`; `apply_child_config` applies it here and in the
-local transport alike.
+metadata under `CONFIG_KEY`. The request handler refuses a bad one before a
+task exists (`check_config`); `apply_child_config` applies a good one here
+and in the local transport alike.
+
+Memory contract: the conversations held here are bounded by the size of
+their messages (`max_memory` bytes, about one byte a character) and by
+count (`MAX_CONVERSATIONS`). When a turn ends and a bound is passed, the
+least recently used idle conversations are dropped; a running one, or one
+waiting in input-required, is never dropped. A dropped conversation is
+rebuilt from its context's stored tasks when its caller comes back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -33,6 +41,7 @@ from .errors import ConfigError
 from .events import ChildEvent, Failed, InputRequired
 from .journal import CallJournal, ToolJournal
 from .models.base import ChatMessage, Model
+from .overrides import Overrides, check_wire_overrides, offered_models, parse_overrides
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
 from .tools import TOOL_NAMES, Tool, Workspace, build_tools
@@ -41,8 +50,11 @@ from .wire import CONFIG_KEY, history_entries, publish
 
 __all__ = [
     "CONTROL_TOOL_NAMES",
+    "DEFAULT_MAX_MEMORY",
+    "MAX_CONVERSATIONS",
     "RoleExecutor",
     "apply_child_config",
+    "conversation_size",
     "role_conversation",
 ]
 
@@ -58,30 +70,45 @@ as a parent; a bare role server does not offer them."""
 MAX_CONVERSATIONS = 256
 """Idle conversations kept in memory; older ones are rebuilt from the store."""
 
+DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
+"""Total size of the conversations kept in memory (bytes, see `conversation_size`)."""
+
 # How long cancel and shutdown wait for a turn to publish its terminal state.
 _STOP_GRACE = 10.0
 
 
-def apply_child_config(role: Role, overrides: Mapping[str, Any]) -> Role:
+def apply_child_config(role: Role, overrides: Mapping[str, Any] | Overrides) -> Role:
     """The role as one child asked for it: a prompt, fewer tools, other limits.
 
-    A child may narrow the role's tools, never widen them.
+    The fields' types are checked (`ConfigError` naming the field); a child
+    may narrow the role's tools, never widen them. Nothing else is narrowed:
+    callers over A2A go through `check_wire_overrides` first.
     """
-    tools = overrides.get("tools")
-    if tools is not None:
-        extra = [t for t in tools if t not in role.tools]
-        if extra:
-            raise ConfigError(
-                f"role {role.name!r} has no tools {extra}; its tools: {', '.join(role.tools)}"
-            )
-    max_turns = overrides.get("max_turns")
-    timeout = overrides.get("timeout")
-    return role.with_overrides(
-        prompt=overrides.get("system_prompt"),
-        tools=tools,
-        max_turns=int(max_turns) if max_turns is not None else None,
-        timeout=float(timeout) if timeout is not None else None,
-    )
+    if not isinstance(overrides, Overrides):
+        overrides = parse_overrides(overrides)
+    return overrides.apply(role)
+
+
+def conversation_size(conversation: Conversation) -> int:
+    """About how many bytes a conversation's messages hold: the length of
+    their text and of their tool calls' names and arguments."""
+    return sum(_message_size(message) for message in conversation.messages)
+
+
+def _message_size(message: ChatMessage) -> int:
+    content = message.get("content")
+    if isinstance(content, str):
+        size = len(content)
+    elif isinstance(content, list):
+        size = sum(len(str(part.get("text") or "")) for part in content if isinstance(part, dict))
+    else:
+        size = 0
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            size += len(str(function.get("name") or ""))
+            size += len(str(function.get("arguments") or ""))
+    return size
 
 
 def role_conversation(
@@ -146,19 +173,34 @@ class RoleExecutor(AgentExecutor):
         *,
         task_store: TaskStore | None = None,
         models: Callable[[str], Model] | None = None,
+        model_names: Collection[str] = (),
+        max_memory: int = DEFAULT_MAX_MEMORY,
         journal: ToolJournal | None = None,
     ) -> None:
-        """`journal` records each tool call's start before it runs (scope:
-        the A2A context id), so a crash never makes a call run twice."""
+        """`models` resolves a model name a caller picks (None: callers get
+        `model` only); callers may pick `default`, `mini`, the role's
+        `models` and `model_names`. `max_memory` bounds the conversations
+        held in memory (bytes). `journal` records each tool call's start
+        before it runs (scope: the A2A context id), so a crash never makes a
+        call run twice."""
+        if max_memory <= 0:
+            raise ConfigError("max_memory must be a positive number of bytes")
         self.role = role
         self.journal = journal
         self.model = model
         self.workspace = workspace
         self.task_store = task_store
+        self.max_memory = max_memory
         self._models = models
+        # Checked at start-up: a script in the operator's list is refused here.
+        offered = offered_models(role, model_names)
+        self.model_names: frozenset[str] = offered if models is not None else frozenset()
+        """The model names a caller may choose (empty: none, the server's model only)."""
         # Fail at start-up, not at the first request, on a bad tool list.
         role_conversation(role, model, workspace)
         self._conversations: dict[str, Conversation] = {}
+        self._sizes: dict[str, int] = {}
+        """Context id -> `conversation_size` measured when its last turn ended."""
         self._context_of: dict[str, str] = {}
         self._turn_ended: dict[str, anyio.Event] = {}
         self._waiting: dict[str, str] = {}
@@ -182,6 +224,21 @@ class RoleExecutor(AgentExecutor):
         finally:
             if self.journal is not None:
                 self.journal.close()
+
+    def check_config(self, data: object) -> Overrides:
+        """A caller's child configuration, narrowed to what this server allows
+        (`check_wire_overrides`); `ConfigError` names the field."""
+        return check_wire_overrides(data, self.role, self.model_names)
+
+    @property
+    def held_bytes(self) -> int:
+        """The size of the conversations held in memory now (`conversation_size`)."""
+        return sum(conversation_size(c) for c in self._conversations.values())
+
+    @property
+    def held_contexts(self) -> frozenset[str]:
+        """The contexts whose conversations are held in memory now."""
+        return frozenset(self._conversations)
 
     def conversation(self, task_id: str) -> Conversation | None:
         """The conversation a task belongs to, while this server holds it."""
@@ -241,7 +298,9 @@ class RoleExecutor(AgentExecutor):
             # The task is over; its conversation stays for a follow-up task
             # in the same context, or is rebuilt from the store when evicted.
             self._context_of.pop(task_id, None)
-            self._evict()
+        if self._conversations.get(context_id) is conversation:
+            self._sizes[context_id] = conversation_size(conversation)
+        self._evict()
 
     def _busy(self, context_id: str, task_id: str, conversation: Conversation) -> str:
         """Why this context cannot take a turn for `task_id` now ("" if it can)."""
@@ -260,13 +319,20 @@ class RoleExecutor(AgentExecutor):
         return ""
 
     def _evict(self) -> None:
+        """Drop the least recently used idle conversations while over a bound."""
+        total = sum(self._sizes.get(context_id, 0) for context_id in self._conversations)
+        surplus = len(self._conversations) - MAX_CONVERSATIONS
         idle = [
             context_id
             for context_id, conversation in self._conversations.items()
             if not conversation.running and context_id not in self._waiting
         ]
-        for context_id in idle[: max(0, len(self._conversations) - MAX_CONVERSATIONS)]:
+        for context_id in idle:
+            if total <= self.max_memory and surplus <= 0:
+                break
             del self._conversations[context_id]
+            total -= self._sizes.pop(context_id, 0)
+            surplus -= 1
 
     async def _open(self, context: RequestContext, task: Task) -> Conversation:
         """A new conversation, or one rebuilt from the context's stored tasks."""
@@ -276,22 +342,17 @@ class RoleExecutor(AgentExecutor):
         entries = [e for t in tasks for e in history_entries(t, exclude=current)]
         # The context's first message carries the child's configuration.
         first = next((t.history[0] for t in tasks if t.history), context.message)
-        overrides = _metadata(first).get(CONFIG_KEY) or {}
-        if not isinstance(overrides, dict):
-            raise ConfigError(f"{CONFIG_KEY} must be an object")
-        role = apply_child_config(self.role, overrides)
+        # Checked again though the handler checked it on the way in: a stored
+        # message may predate this server's current allow-list.
+        overrides = self.check_config(_metadata(first).get(CONFIG_KEY))
+        role = overrides.apply(self.role)
         model = self.model
-        if overrides.get("model"):
-            if self._models is None:
-                raise ConfigError("this role server does not choose models per child")
-            model = self._models(str(overrides["model"]))
+        if overrides.model is not None and self._models is not None:
+            model = self._models(overrides.model)
         journal = self.journal
         interrupted = await journal.interrupted(task.context_id) if journal else None
         messages = rebuild_transcript(
-            role.prompt,
-            entries,
-            shared_context=overrides.get("shared_context") or (),
-            interrupted=interrupted,
+            role.prompt, entries, shared_context=overrides.shared_context, interrupted=interrupted
         )
         return role_conversation(
             role,

@@ -1,5 +1,11 @@
-"""`RoleRequestHandler`: a2a-sdk's request handler, plus the control extension
-and one repair.
+"""`RoleRequestHandler`: a2a-sdk's request handler, plus the control extension,
+the child-config check and one repair.
+
+Child config: a message carrying `CONFIG_KEY` metadata is checked against
+what the operator allowed (`RoleExecutor.check_config`) before the SDK sees
+it, so a wrong type, an unknown field, a limit above the role's or a model
+not offered is an invalid-params error (JSON-RPC -32602, HTTP 400 on the
+REST binding) naming the field, and no task is created for it.
 
 Control extension (`wire.CONTROL_EXTENSION`, declared in the card): a
 message whose metadata holds `CONTROL_KEY` = pause, resume, interrupt or
@@ -49,8 +55,9 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict
 
+from .errors import ConfigError
 from .executor import RoleExecutor
-from .wire import CONTROL_KEY
+from .wire import CONFIG_KEY, CONTROL_KEY
 
 __all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
 
@@ -113,6 +120,18 @@ class RoleRequestHandler(DefaultRequestHandler):
             if task is not None:
                 message.context_id = task.context_id
 
+    def _check_config(self, params: SendMessageRequest) -> None:
+        message = params.message
+        executor = self.agent_executor
+        if not isinstance(executor, RoleExecutor) or not message.HasField("metadata"):
+            return
+        if CONFIG_KEY not in message.metadata.fields:
+            return
+        try:
+            executor.check_config(MessageToDict(message.metadata).get(CONFIG_KEY))
+        except ConfigError as exc:
+            raise InvalidParamsError(message=f"{CONFIG_KEY}: {exc}") from exc
+
     async def _control(self, params: SendMessageRequest, context: ServerCallContext) -> Task | None:
         """Apply a control message; None when the message is an ordinary one."""
         message = params.message
@@ -146,6 +165,7 @@ class RoleRequestHandler(DefaultRequestHandler):
         controlled = await self._control(params, context)
         if controlled is not None:
             return controlled
+        self._check_config(params)
         await self._fill_context_id(params, context)
         async with self._one_at_a_time(params) as opening:
             repeated = await self._repeated(params, context) if opening else None
@@ -160,6 +180,7 @@ class RoleRequestHandler(DefaultRequestHandler):
         if controlled is not None:
             yield controlled
             return
+        self._check_config(params)
         await self._fill_context_id(params, context)
         events: AsyncGenerator[Any, None] | None = None
         async with self._one_at_a_time(params) as opening:

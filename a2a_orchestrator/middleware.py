@@ -1,4 +1,13 @@
-"""ASGI pieces in front of the A2A routes: bearer-token auth and a body limit.
+"""ASGI pieces in front of the A2A routes: bearer-token auth and a bounded body read.
+
+Order (outermost first): auth, then the body. Auth looks at headers only,
+so an unauthenticated request is answered 401 before any byte of its body
+is read, and the connection is closed so that none is read after either.
+The body is then read whole, bounded in size (413) and in time (408),
+before the app sees it. A 408, or a 413 found while reading, closes the
+connection too. A 413 on a declared Content-Length keeps it: the client (it
+passed auth) then reads its 413 instead of a reset, and uvicorn discards
+the declared rest of the body without keeping it.
 
 Auth uses Starlette's `AuthenticationMiddleware`, so `request.user` flows
 into a2a-sdk's `ServerCallContext.user` and the task store scopes tasks to
@@ -12,6 +21,7 @@ import hmac
 import json
 from collections.abc import Collection
 
+import anyio
 from starlette.authentication import (
     AuthCredentials,
     AuthenticationBackend,
@@ -23,10 +33,19 @@ from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["DEFAULT_MAX_BODY", "BearerTokenBackend", "BodyLimitMiddleware", "auth_error"]
+__all__ = [
+    "DEFAULT_BODY_TIMEOUT",
+    "DEFAULT_MAX_BODY",
+    "BearerTokenBackend",
+    "BodyLimitMiddleware",
+    "auth_error",
+]
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 """Largest request body a server accepts (bytes)."""
+
+DEFAULT_BODY_TIMEOUT = 30.0
+"""Seconds a client has to send a request's whole body once its headers arrived."""
 
 
 class BearerTokenBackend(AuthenticationBackend):
@@ -51,54 +70,66 @@ class BearerTokenBackend(AuthenticationBackend):
 
 
 def auth_error(conn: HTTPConnection, exc: AuthenticationError) -> Response:
+    # The body was not read: closing the connection is how the server
+    # declines to read it at all (keep-alive would mean draining it first).
     return JSONResponse(
         {"error": "unauthorized", "detail": str(exc)},
         status_code=401,
-        headers={"WWW-Authenticate": 'Bearer realm="a2a"'},
+        headers={"WWW-Authenticate": 'Bearer realm="a2a"', "Connection": "close"},
     )
 
 
 class BodyLimitMiddleware:
-    """Answers 413 to a request whose body passes `max_bytes`.
+    """Reads a request's body whole, within `max_bytes` and `timeout` seconds,
+    before the app sees it.
 
-    A declared Content-Length is checked at once. A body without one
-    (chunked) is read here, bounded, before the app sees it, and handed on
-    whole: the A2A dispatchers catch every exception an app raises, so a
-    limit enforced while they read would come out as a JSON-RPC internal
-    error instead of a 413.
+    A declared Content-Length over the limit is a 413 at once, without
+    reading; a body that passes the limit while being read (chunked) is a
+    413 too, and one not complete `timeout` seconds after the request came
+    in (a client trickling its body) is a 408. The body is handed on whole:
+    the A2A dispatchers catch every exception an app raises, so a limit
+    enforced while they read would come out as a JSON-RPC internal error
+    instead of an HTTP status.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY, timeout: float = DEFAULT_BODY_TIMEOUT
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = None
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit():
-                declared = int(value)
-        if declared is not None:
-            if declared > self.max_bytes:
-                await self._reject(send)
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await self._too_large(send)
                 return
-            await self.app(scope, receive, send)
-            return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break  # the client went away; the app sees an empty body
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._reject(send)
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+        with anyio.move_on_after(self.timeout) as deadline:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break  # the client went away; the app sees an empty body
+                size += len(message.get("body", b""))
+                if size > self.max_bytes:
+                    await self._too_large(send, close=True)
+                    return
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        if deadline.cancelled_caught:
+            await _refuse(
+                send,
+                408,
+                "request timeout",
+                f"the request body did not arrive within {self.timeout:g} s",
+                close=True,
+            )
+            return
         body = b"".join(chunks)
         replayed = False
 
@@ -111,18 +142,19 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps(
-            {"error": "payload too large", "detail": f"request body over {self.max_bytes} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def _too_large(self, send: Send, *, close: bool = False) -> None:
+        detail = f"request body over {self.max_bytes} bytes"
+        await _refuse(send, 413, "payload too large", detail, close=close)
+
+
+async def _refuse(send: Send, status: int, error: str, detail: str, *, close: bool) -> None:
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if close:
+        # Whatever the client still sends is never read.
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -2,7 +2,7 @@
 
 A role file is either Markdown with YAML front matter (the body is the
 prompt) or JSON in the Creo shape (`prompt`, `model`, `skills`, `tools`, and
-optionally `description`, `max_turns`, `timeout`). Either way the role's name
+optionally `description`, `max_turns`, `timeout`, `models`). Either way the role's name
 is the file's stem; a `name` field, when present, must agree with it.
 
 Lookup contract: `role_dirs()` lists the directories in priority order, and
@@ -49,7 +49,7 @@ _SUFFIXES = (".md", ".json")
 
 # Markdown carries the prompt as its body; JSON carries it as a field.
 _MARKDOWN_FIELDS = frozenset(
-    {"name", "description", "model", "tools", "skills", "max_turns", "timeout"}
+    {"name", "description", "model", "models", "tools", "skills", "max_turns", "timeout"}
 )
 _JSON_FIELDS = _MARKDOWN_FIELDS | {"prompt"}
 
@@ -68,6 +68,9 @@ class Role:
     """The system prompt."""
     model: str = "default"
     """`default`, `mini`, a concrete model name, or `scripted[:path]`."""
+    models: tuple[str, ...] = ()
+    """Model names a caller over A2A may choose for its child, besides `default`
+    and `mini` (the role file's `models` list; scripts are refused at start-up)."""
     tools: tuple[str, ...] = ()
     """The tool allow-list; the role gets these tools and no others."""
     skills: tuple[str, ...] = ()
@@ -336,6 +339,7 @@ def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> 
         description=description.strip(),
         prompt=prompt.strip(),
         model=model.strip(),
+        models=_string_list(where, fields, "models"),
         tools=_string_list(where, fields, "tools"),
         skills=_string_list(where, fields, "skills"),
         max_turns=max_turns,

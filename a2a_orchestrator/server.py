@@ -3,8 +3,8 @@
 a2a-sdk does the protocol (`DefaultRequestHandler`, its route builders, the
 SQL task store); this module assembles them around a `RoleExecutor`: the
 agent card built from the role, JSON-RPC at `/`, HTTP+JSON under `/rest`,
-the v0.3 compatibility layer on both, optional bearer-token auth, and a
-request-body limit.
+the v0.3 compatibility layer on both, optional bearer-token auth checked
+before any body byte is read, and a request body bounded in size and time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,11 +55,18 @@ from starlette.routing import BaseRoute
 from ._version import __version__ as VERSION
 from .errors import ConfigError
 from .events import new_uuid
-from .executor import RoleExecutor
+from .executor import DEFAULT_MAX_MEMORY, RoleExecutor
 from .handler import RoleRequestHandler
 from .journal import ToolJournal
-from .middleware import DEFAULT_MAX_BODY, BearerTokenBackend, BodyLimitMiddleware, auth_error
+from .middleware import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BODY,
+    BearerTokenBackend,
+    BodyLimitMiddleware,
+    auth_error,
+)
 from .models.base import Model
+from .overrides import offered_models
 from .roles import Role
 from .serving import bind_socket, serve
 from .taskstore import SQLiteTaskStore
@@ -255,12 +262,13 @@ def build_app(
     *,
     token: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler.
 
     `extra_routes` (the orchestrator's HTTP control API) sit behind the same
-    auth and body limit as the A2A endpoints.
+    auth and body limits as the A2A endpoints.
     """
     handler = RoleRequestHandler(
         agent_executor=executor,  # type: ignore[arg-type]
@@ -296,11 +304,13 @@ def build_app(
         *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
         *create_rest_routes(handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True),
     ]
-    middleware = [Middleware(BodyLimitMiddleware, max_bytes=max_body)]
+    middleware = [Middleware(BodyLimitMiddleware, max_bytes=max_body, timeout=body_timeout)]
     if token:
         backend = BearerTokenBackend(token, public_paths={AGENT_CARD_WELL_KNOWN_PATH})
-        middleware.append(
-            Middleware(AuthenticationMiddleware, backend=backend, on_error=auth_error)
+        # Outermost (first): a request without the token is refused on its
+        # headers, before the body middleware reads a byte.
+        middleware.insert(
+            0, Middleware(AuthenticationMiddleware, backend=backend, on_error=auth_error)
         )
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.executor = executor
@@ -368,7 +378,10 @@ async def run_role_server(
     token: str | None = None,
     public_url: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     models: Callable[[str], Model] | None = None,
+    model_names: Collection[str] = (),
+    max_memory: int = DEFAULT_MAX_MEMORY,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -376,8 +389,12 @@ async def run_role_server(
     The socket is bound before the card is built, so the card names the real
     port; `public_url` replaces it where clients reach the server by another
     name (a container's service name). `models` resolves a model name a
-    child asks for (None: children get the server's model only).
+    child asks for (None: children get the server's model only); a caller
+    may ask for `default`, `mini`, the role's `models` and `model_names`.
+    `max_memory` bounds the conversations held in memory (bytes).
     """
+    # A script in the model allow-list is refused before the port is taken.
+    offered_models(role, model_names)
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
     task_store = open_task_store(db)
@@ -388,6 +405,8 @@ async def run_role_server(
         task_store=task_store,
         models=models,
         journal=ToolJournal.open(journal_path(db, role.name, workdir)),
+        model_names=model_names,
+        max_memory=max_memory,
     )
     app = build_app(
         executor,
@@ -395,6 +414,7 @@ async def run_role_server(
         task_store,
         token=token,
         max_body=max_body,
+        body_timeout=body_timeout,
     )
     async with run_server(
         app, sock, url, executor, install_signal_handlers=install_signal_handlers

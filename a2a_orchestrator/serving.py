@@ -93,6 +93,13 @@ async def serve(
         lifespan="on",
         timeout_graceful_shutdown=5,
         ws="none",
+        # An idle kept-alive connection is closed after this many seconds, so
+        # idle clients cannot pin connections; slow request bodies are cut by
+        # the body middleware's deadline (408).
+        timeout_keep_alive=5,
+        # Request line and headers together may not pass 16 KiB (h11 answers
+        # 400 past it), so a header flood cannot grow a connection's buffer.
+        h11_max_incomplete_event_size=16 * 1024,
     )
     server = _Server(config, before_shutdown, install_signal_handlers)
     finished = anyio.Event()

@@ -66,9 +66,9 @@ class ScriptedToolCall:
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"a tool call must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"name", "arguments", "id"}
-        if unknown:
-            raise ValueError(f"unknown tool call field(s): {', '.join(sorted(unknown))}")
+        if set(data) - {"name", "arguments", "id"}:
+            # The unknown names are not repeated: errors never echo a file's text.
+            raise ValueError("unknown tool call field; a tool call has: name, arguments, id")
         name = data.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError("a tool call needs a non-empty string 'name'")
@@ -107,9 +107,11 @@ class ScriptedTurn:
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"a turn must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"text", "tool_calls", "usage", "delay", "error"}
-        if unknown:
-            raise ValueError(f"unknown turn field(s): {', '.join(sorted(unknown))}")
+        if set(data) - {"text", "tool_calls", "usage", "delay", "error"}:
+            # The unknown names are not repeated: errors never echo a file's text.
+            raise ValueError(
+                "unknown turn field; a turn has: text, tool_calls, usage, delay, error"
+            )
         text = data.get("text") or ""
         if not isinstance(text, str):
             raise ValueError("'text' must be a string")
@@ -175,16 +177,26 @@ class ScriptedModel:
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedModel:
         """Load a JSON (`.json`) or YAML (anything else) script; its name is
-        `scripted:<file stem>`. Any problem raises `ConfigError` naming the file."""
+        `scripted:<file stem>`. Any problem raises `ConfigError` naming the
+        file and, for a parse error, the line and column: never the file's
+        text, so an error shown to a caller cannot leak a line of it."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"model script {path} is not UTF-8 text (byte {exc.start})") from exc
         except OSError as exc:
             raise ConfigError(f"cannot read model script {path}: {exc.strerror or exc}") from exc
         try:
             data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise ConfigError(f"model script {path} does not parse: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            # `msg` is the json module's fixed wording; `str(exc)` is the same plus position.
+            raise ConfigError(
+                f"model script {path} does not parse: {exc.msg} "
+                f"at line {exc.lineno}, column {exc.colno}"
+            ) from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"model script {path} does not parse: {_yaml_where(exc)}") from exc
         if isinstance(data, Mapping) and "turns" in data:
             data = data["turns"]
         if not isinstance(data, list):
@@ -247,6 +259,15 @@ class ScriptedModel:
         return self._turns[index]
 
 
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    """A YAML error's kind and position; PyYAML's own message quotes the line."""
+    kind = type(exc).__name__
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is None:
+        return f"invalid YAML ({kind})"
+    return f"invalid YAML ({kind}) at line {mark.line + 1}, column {mark.column + 1}"
+
+
 def _turn(turn: TurnLike) -> ScriptedTurn:
     return turn if isinstance(turn, ScriptedTurn) else ScriptedTurn.from_dict(turn)
 
@@ -256,9 +277,8 @@ def _usage_from(data: Any) -> Usage:
         return data
     if not isinstance(data, Mapping):
         raise ValueError("'usage' must be a mapping {input_tokens, output_tokens}")
-    unknown = set(data) - {"input_tokens", "output_tokens"}
-    if unknown:
-        raise ValueError(f"unknown usage field(s): {', '.join(sorted(unknown))}")
+    if set(data) - {"input_tokens", "output_tokens"}:
+        raise ValueError("unknown usage field; usage has: input_tokens, output_tokens")
     values = {key: data.get(key, 0) for key in ("input_tokens", "output_tokens")}
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
