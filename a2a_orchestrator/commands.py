@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -43,6 +44,7 @@ from .roles import find_role
 from .server import run_role_server
 from .session import Session
 from .store import Store
+from .tools import Sandbox
 from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
 
@@ -66,6 +68,8 @@ DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
 DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
 EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
 """`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
+
+logger = logging.getLogger(__name__)
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -98,6 +102,16 @@ def _hooks(path: Path | None, config_dir: Path) -> Hooks:
     return Hooks()
 
 
+def sandbox_of(args: argparse.Namespace) -> Sandbox:
+    """The operator's sandbox for commands: `--no-sandbox`/`--allow-network`,
+    else the A2A_SANDBOX* variables. Turning it off is said out loud."""
+    sandbox = Sandbox.from_env(no_sandbox=args.no_sandbox, allow_network=args.allow_network)
+    if not sandbox.enabled:
+        logger.warning("the operator turned the command sandbox off: %s", sandbox.describe())
+        say(f"sandbox: {sandbox.describe()}")
+    return sandbox
+
+
 def _existing_store(path: Path) -> Store:
     if not path.exists():
         raise OrchestratorError(f"no store at {path} (run a task first, or pass --store)")
@@ -117,7 +131,7 @@ def workdir_of(path: Path) -> Path:
 async def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    result = await run_demo(args.workdir, out=sys.stdout)
+    result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args))
     return EXIT_CODES[result.signal]
 
 
@@ -143,9 +157,15 @@ async def _run(args: argparse.Namespace) -> int:
     # Configuration is read before anything starts, so a bad file is a clear error.
     hooks = _hooks(args.hooks, workdir / ".a2a")
     rules = _reaction_rules(workdir / ".a2a")
+    sandbox = sandbox_of(args)
     store = Store(args.store)
     async with Session(
-        store, workdir=workdir, models=models, session_id=args.session, title=args.task
+        store,
+        workdir=workdir,
+        models=models,
+        session_id=args.session,
+        title=args.task,
+        sandbox=sandbox,
     ) as session:
         say(f"session {session.id}  (a2a-orchestrator events {session.id})")
         if args.parent:
@@ -220,11 +240,13 @@ async def _serve(args: argparse.Namespace) -> int:
     if not 0 <= port <= 65535:
         raise OrchestratorError(f"port {port} is not in 0..65535")
     token = os.environ.get(args.token_env) or None
+    sandbox = sandbox_of(args)
     common = dict(
         host=args.host,
         port=port,
         token=token,
         public_url=args.public_url,
+        sandbox=sandbox,
         install_signal_handlers=True,
     )
     if args.role == "orchestrator":
@@ -256,6 +278,7 @@ async def _serve(args: argparse.Namespace) -> int:
             f"  control API: /api/sessions   store: {store_path}",
         ]
         scripted = settings.offline
+        commands = any(not s.remote for s in network.agents.values())
     else:
         role = find_role(args.role)
         if args.model:
@@ -267,6 +290,8 @@ async def _serve(args: argparse.Namespace) -> int:
         model_line = describe_model(model)
         extra = []
         scripted = is_scripted(model)
+        commands = "run_command" in role.tools
+        sandbox = sandbox.allowing_network(role.sandbox_network)
     async with context as server:
         say(f"{name}: serving A2A at {server.url}")
         say(f"  agent card: {server.url}/.well-known/agent-card.json")
@@ -277,6 +302,8 @@ async def _serve(args: argparse.Namespace) -> int:
             say(line)
         say(f"  work directory: {workdir}; task store: {db}")
         say(f"  auth: {'bearer token from $' + args.token_env if token else 'off'}")
+        if commands:
+            say(f"  commands: {sandbox.describe()}")
         await server.stopped.wait()
     say(f"{name}: stopped")
     return 0
@@ -414,7 +441,10 @@ async def _resume(args: argparse.Namespace) -> int:
     store = _existing_store(args.store)
     if await store.get_session(args.session) is None:
         raise OrchestratorError(f"no session {args.session!r} in {args.store}")
-    async with Session(store, workdir=workdir, models=models, session_id=args.session) as session:
+    sandbox = sandbox_of(args)
+    async with Session(
+        store, workdir=workdir, models=models, session_id=args.session, sandbox=sandbox
+    ) as session:
         tree = LiveTree(f"resume  session {session.id[:8]}")
         async with session.relay() as relay:
             handles = await session.recover()

@@ -34,7 +34,7 @@ from .events import ChildEvent, Failed, InputRequired
 from .models.base import ChatMessage, Model
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
-from .tools import TOOL_NAMES, Tool, Workspace, build_tools
+from .tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
 from .transcript import rebuild_transcript
 from .wire import CONFIG_KEY, history_entries, publish
 
@@ -91,8 +91,15 @@ def role_conversation(
     extra_tools: Mapping[str, Tool] | None = None,
     messages: Sequence[ChatMessage] | None = None,
     command_timeout: float | None = None,
+    sandbox: Sandbox | None = None,
 ) -> Conversation:
-    """A conversation with exactly the tools the role lists."""
+    """A conversation with exactly the tools the role lists.
+
+    `sandbox` is the operator's policy for `run_command` (default:
+    `Sandbox.from_env()`), with the network allowed too when the role file
+    says `sandbox_network: true`. Raises `ConfigError` when the role lists
+    `run_command` and that sandbox cannot be had on this machine.
+    """
     extra = dict(extra_tools or {})
     unknown = [
         name
@@ -108,10 +115,16 @@ def role_conversation(
         raise ConfigError(
             f"role {role.name!r}{where} lists unknown tools {unknown}; known tools: {known}"
         )
+    policy = None
+    if "run_command" in role.tools:
+        policy = (sandbox if sandbox is not None else Sandbox.from_env()).allowing_network(
+            role.sandbox_network
+        )
     tools = build_tools(
         [name for name in role.tools if name in TOOL_NAMES],
         workspace,
         command_timeout=command_timeout or min(role.timeout, 600.0),
+        sandbox=policy,
     )
     tools += [extra[name] for name in role.tools if name in extra]
     return Conversation(
@@ -143,14 +156,17 @@ class RoleExecutor(AgentExecutor):
         *,
         task_store: TaskStore | None = None,
         models: Callable[[str], Model] | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.role = role
         self.model = model
         self.workspace = workspace
         self.task_store = task_store
         self._models = models
-        # Fail at start-up, not at the first request, on a bad tool list.
-        role_conversation(role, model, workspace)
+        self.sandbox = sandbox
+        # Fail at start-up, not at the first request, on a bad tool list or
+        # a sandbox this machine cannot provide.
+        role_conversation(role, model, workspace, sandbox=sandbox)
         self._conversations: dict[str, Conversation] = {}
         self._context_of: dict[str, str] = {}
         self._turn_ended: dict[str, anyio.Event] = {}
@@ -266,7 +282,9 @@ class RoleExecutor(AgentExecutor):
         messages = rebuild_transcript(
             role.prompt, entries, shared_context=overrides.get("shared_context") or ()
         )
-        return role_conversation(role, model, self.workspace, messages=messages)
+        return role_conversation(
+            role, model, self.workspace, messages=messages, sandbox=self.sandbox
+        )
 
     async def _earlier_tasks(
         self, task: Task, call_context: ServerCallContext | None

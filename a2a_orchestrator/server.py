@@ -62,7 +62,8 @@ from .models.base import Model
 from .roles import Role
 from .serving import bind_socket, serve
 from .taskstore import SQLiteTaskStore
-from .tools import Workspace
+from .tools import Sandbox, Workspace
+from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY
 
 __all__ = [
@@ -142,8 +143,14 @@ CONTROL_CARD_EXTENSION = AgentExtension(
 )
 
 
-def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
-    """The agent card of a role served at `url`."""
+def build_card(
+    role: Role, url: str, *, auth: bool = False, sandbox: Sandbox | None = None
+) -> AgentCard:
+    """The agent card of a role served at `url`.
+
+    A role with `run_command` whose operator turned the sandbox off says so
+    in its description: callers should know their task runs unconfined.
+    """
     skills = [
         AgentSkill(
             id=skill,
@@ -153,9 +160,12 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
         )
         for skill in role.skills
     ] or [AgentSkill(id=role.name, name=role.name, description=role.description, tags=[role.name])]
+    description = role.description or f"The {role.name} role"
+    if sandbox is not None and not sandbox.enabled and "run_command" in role.tools:
+        description += f" ({UNSANDBOXED_NOTE})"
     return agent_card(
         name=role.name,
-        description=role.description or f"The {role.name} role",
+        description=description,
         url=url,
         skills=skills,
         auth=auth,
@@ -355,6 +365,7 @@ async def run_role_server(
     public_url: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     models: Callable[[str], Model] | None = None,
+    sandbox: Sandbox | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -363,14 +374,32 @@ async def run_role_server(
     port; `public_url` replaces it where clients reach the server by another
     name (a container's service name). `models` resolves a model name a
     child asks for (None: children get the server's model only).
+
+    `sandbox` is where `run_command` runs commands (default:
+    `Sandbox.from_env()`); a file task store is hidden from them. Raises
+    `ConfigError` before binding when the role lists `run_command` and the
+    sandbox cannot be had here; an operator's opt-out is logged as a warning
+    and shown in the card's description.
     """
+    sandbox = sandbox if sandbox is not None else Sandbox.from_env()
+    if "://" not in db:
+        sandbox = sandbox.hiding(*store_paths(db))
+    if "run_command" in role.tools:
+        # Refuse before anything is bound or opened.
+        sandbox.allowing_network(role.sandbox_network).check()
+        if not sandbox.enabled:
+            logger.warning(
+                "%s: %s (the operator turned the sandbox off)", role.name, UNSANDBOXED_NOTE
+            )
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
     task_store = open_task_store(db)
-    executor = RoleExecutor(role, model, Workspace(workdir), task_store=task_store, models=models)
+    executor = RoleExecutor(
+        role, model, Workspace(workdir), task_store=task_store, models=models, sandbox=sandbox
+    )
     app = build_app(
         executor,
-        build_card(role, url, auth=bool(token)),
+        build_card(role, url, auth=bool(token), sandbox=sandbox),
         task_store,
         token=token,
         max_body=max_body,
