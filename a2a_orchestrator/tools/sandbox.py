@@ -163,6 +163,10 @@ class Sandbox:
             "HOME": "/tmp" if self.enabled else tempfile.gettempdir(),
             "LANG": "C.UTF-8",
             "TERM": "dumb",
+            # A model edits a file and reruns its tests within a second; a
+            # same-size edit then matches the cached bytecode's mtime and
+            # size, and Python would run the stale .pyc.
+            "PYTHONDONTWRITEBYTECODE": "1",
         }
         if marker:
             env[CALL_MARKER_ENV] = marker
