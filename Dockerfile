@@ -26,6 +26,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # matching owner. /work and /data are created here, owned by that user,
 # because Docker copies a mount point's ownership into a new named volume:
 # without this the volumes would be root-owned and unwritable.
+# bubblewrap: run_command sandboxes commands with it wherever the container is
+# allowed to create namespaces (see docker-compose.yaml for what that takes;
+# the compose file opts out explicitly instead).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN groupadd --system --gid 10001 a2a \
     && useradd --system --uid 10001 --gid a2a --create-home --shell /usr/sbin/nologin a2a \
     && mkdir -p /work /data \

@@ -30,6 +30,21 @@ def _store_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _sandbox_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run run_command's commands WITHOUT the bubblewrap sandbox (also "
+        "A2A_SANDBOX=off); logged, and shown on the agent card",
+    )
+    parser.add_argument(
+        "--allow-network",
+        action="store_true",
+        help="let sandboxed commands use the network (also A2A_SANDBOX_NETWORK=on; "
+        "a role file can allow it for its role with sandbox_network: true)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a2a-orchestrator",
@@ -52,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where to put the sample project (a new temp dir)",
     )
+    _sandbox_options(demo)
 
     run = commands.add_parser(
         "run",
@@ -77,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--review-rounds", type=int, default=1, help="reviews before giving up")
     run.add_argument("--hooks", type=Path, default=None, help="hook file (default .a2a/hooks.toml)")
     _store_option(run)
+    _sandbox_options(run)
 
     serve = commands.add_parser(
         "serve",
@@ -135,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--store", type=Path, default=None, help="orchestrator only: its store (under --workdir)"
     )
+    _sandbox_options(serve)
 
     up = commands.add_parser(
         "up",
@@ -145,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--workdir", type=Path, default=Path("."), help="the work directory")
     up.add_argument("--port", type=int, default=9100, help="the orchestrator's port")
+    _sandbox_options(up)
 
     status = commands.add_parser(
         "status",
@@ -205,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("session", metavar="SESSION", help="session id")
     resume.add_argument("--workdir", type=Path, default=Path("."), help="the project directory")
     _store_option(resume)
+    _sandbox_options(resume)
     return parser
 
 

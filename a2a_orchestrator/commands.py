@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -46,6 +47,7 @@ from .runner import Liveness, liveness, stop_signal_listener
 from .server import run_role_server
 from .session import Session
 from .store import RunnerRecord, Store
+from .tools import Sandbox
 from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
 
@@ -69,6 +71,8 @@ DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
 DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
 EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
 """`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
+
+logger = logging.getLogger(__name__)
 
 STOPPED_LINE = "stopped by `a2a-orchestrator stop`: its children ended aborted"
 
@@ -103,6 +107,16 @@ def _hooks(path: Path | None, config_dir: Path) -> Hooks:
     return Hooks()
 
 
+def sandbox_of(args: argparse.Namespace) -> Sandbox:
+    """The operator's sandbox for commands: `--no-sandbox`/`--allow-network`,
+    else the A2A_SANDBOX* variables. Turning it off is said out loud."""
+    sandbox = Sandbox.from_env(no_sandbox=args.no_sandbox, allow_network=args.allow_network)
+    if not sandbox.enabled:
+        logger.warning("the operator turned the command sandbox off: %s", sandbox.describe())
+        say(f"sandbox: {sandbox.describe()}")
+    return sandbox
+
+
 def _existing_store(path: Path) -> Store:
     if not path.exists():
         raise OrchestratorError(f"no store at {path} (run a task first, or pass --store)")
@@ -122,7 +136,7 @@ def workdir_of(path: Path) -> Path:
 async def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    result = await run_demo(args.workdir, out=sys.stdout)
+    result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args))
     return EXIT_CODES[result.signal]
 
 
@@ -148,9 +162,15 @@ async def _run(args: argparse.Namespace) -> int:
     # Configuration is read before anything starts, so a bad file is a clear error.
     hooks = _hooks(args.hooks, workdir / ".a2a")
     rules = _reaction_rules(workdir / ".a2a")
+    sandbox = sandbox_of(args)
     store = Store(args.store)
     async with Session(
-        store, workdir=workdir, models=models, session_id=args.session, title=args.task
+        store,
+        workdir=workdir,
+        models=models,
+        session_id=args.session,
+        title=args.task,
+        sandbox=sandbox,
     ) as session:
         say(f"session {session.id}  (a2a-orchestrator events {session.id})")
         if args.parent:
@@ -236,11 +256,13 @@ async def _serve(args: argparse.Namespace) -> int:
     if not 0 <= port <= 65535:
         raise OrchestratorError(f"port {port} is not in 0..65535")
     token = os.environ.get(args.token_env) or None
+    sandbox = sandbox_of(args)
     common = dict(
         host=args.host,
         port=port,
         token=token,
         public_url=args.public_url,
+        sandbox=sandbox,
         install_signal_handlers=True,
     )
     if args.role == "orchestrator":
@@ -272,6 +294,7 @@ async def _serve(args: argparse.Namespace) -> int:
             f"  control API: /api/sessions   store: {store_path}",
         ]
         scripted = settings.offline
+        commands = any(not s.remote for s in network.agents.values())
     else:
         role = find_role(args.role)
         if args.model:
@@ -285,6 +308,8 @@ async def _serve(args: argparse.Namespace) -> int:
         model_line = describe_model(model)
         extra = []
         scripted = is_scripted(model)
+        commands = "run_command" in role.tools
+        sandbox = sandbox.allowing_network(role.sandbox_network)
     async with context as server:
         say(f"{name}: serving A2A at {server.url}")
         say(f"  agent card: {server.url}/.well-known/agent-card.json")
@@ -295,6 +320,8 @@ async def _serve(args: argparse.Namespace) -> int:
             say(line)
         say(f"  work directory: {workdir}; task store: {db}")
         say(f"  auth: {'bearer token from $' + args.token_env if token else 'off'}")
+        if commands:
+            say(f"  commands: {sandbox.describe()}")
         await server.stopped.wait()
     say(f"{name}: stopped")
     return 0
@@ -545,7 +572,10 @@ async def _resume(args: argparse.Namespace) -> int:
     store = _existing_store(args.store)
     if await store.get_session(args.session) is None:
         raise OrchestratorError(f"no session {args.session!r} in {args.store}")
-    async with Session(store, workdir=workdir, models=models, session_id=args.session) as session:
+    sandbox = sandbox_of(args)
+    async with Session(
+        store, workdir=workdir, models=models, session_id=args.session, sandbox=sandbox
+    ) as session:
         tree = LiveTree(f"resume  session {session.id[:8]}")
         async with session.relay() as relay:
             handles = await session.recover()

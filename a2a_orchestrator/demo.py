@@ -22,6 +22,7 @@ from .roles import find_role
 from .server import run_role_server
 from .session import Session
 from .store import Store
+from .tools import Sandbox
 from .view import LiveTree
 
 __all__ = ["DEMO_BRIEF", "DEMO_ROLES", "SCENARIO", "prepare_workdir", "run_demo"]
@@ -59,8 +60,13 @@ def prepare_workdir(target: Path | None = None) -> Path:
     return workdir
 
 
-async def run_demo(workdir: Path | None = None, *, out: TextIO) -> PipelineResult:
-    """Run the demo scenario; the live tree goes to `out`."""
+async def run_demo(
+    workdir: Path | None = None, *, out: TextIO, sandbox: Sandbox | None = None
+) -> PipelineResult:
+    """Run the demo scenario; the live tree goes to `out`.
+
+    `sandbox`: where the coder's and reviewer's commands run (default:
+    `Sandbox.from_env()`)."""
     workdir = prepare_workdir(workdir)
     state = workdir / ".a2a"
     out.write(NOTICE + "\n")
@@ -70,13 +76,24 @@ async def run_demo(workdir: Path | None = None, *, out: TextIO) -> PipelineResul
         for name in DEMO_ROLES:
             model = ScriptedModel.from_file(SCENARIO / "scripts" / f"{name}.json")
             server = await stack.enter_async_context(
-                run_role_server(find_role(name), model, workdir, db=str(state / f"tasks-{name}.db"))
+                run_role_server(
+                    find_role(name),
+                    model,
+                    workdir,
+                    db=str(state / f"tasks-{name}.db"),
+                    sandbox=sandbox,
+                )
             )
             specs.append(AgentSpec(name=name, role=name, url=server.url))
             out.write(f"  {name:<9} A2A server at {server.url}\n")
         out.write("\n")
         session = await stack.enter_async_context(
-            Session(Store(state / "orchestrator.db"), workdir=workdir, network=Network.of(*specs))
+            Session(
+                Store(state / "orchestrator.db"),
+                workdir=workdir,
+                network=Network.of(*specs),
+                sandbox=sandbox,
+            )
         )
         tree = LiveTree(
             f"pipeline  session {session.id[:8]}  (scripted model)",

@@ -44,7 +44,7 @@ from .models.base import ChatMessage, Model
 from .overrides import Overrides, check_wire_overrides, offered_models, parse_overrides
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
-from .tools import TOOL_NAMES, Tool, Workspace, build_tools
+from .tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
 from .transcript import rebuild_transcript
 from .wire import CONFIG_KEY, history_entries, publish
 
@@ -120,8 +120,15 @@ def role_conversation(
     messages: Sequence[ChatMessage] | None = None,
     command_timeout: float | None = None,
     journal: CallJournal | None = None,
+    sandbox: Sandbox | None = None,
 ) -> Conversation:
-    """A conversation with exactly the tools the role lists."""
+    """A conversation with exactly the tools the role lists.
+
+    `sandbox` is the operator's policy for `run_command` (default:
+    `Sandbox.from_env()`), with the network allowed too when the role file
+    says `sandbox_network: true`. Raises `ConfigError` when the role lists
+    `run_command` and that sandbox cannot be had on this machine.
+    """
     extra = dict(extra_tools or {})
     unknown = [
         name
@@ -137,10 +144,16 @@ def role_conversation(
         raise ConfigError(
             f"role {role.name!r}{where} lists unknown tools {unknown}; known tools: {known}"
         )
+    policy = None
+    if "run_command" in role.tools:
+        policy = (sandbox if sandbox is not None else Sandbox.from_env()).allowing_network(
+            role.sandbox_network
+        )
     tools = build_tools(
         [name for name in role.tools if name in TOOL_NAMES],
         workspace,
         command_timeout=command_timeout or min(role.timeout, 600.0),
+        sandbox=policy,
     )
     tools += [extra[name] for name in role.tools if name in extra]
     return Conversation(
@@ -176,6 +189,7 @@ class RoleExecutor(AgentExecutor):
         model_names: Collection[str] = (),
         max_memory: int = DEFAULT_MAX_MEMORY,
         journal: ToolJournal | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         """`models` resolves a model name a caller picks (None: callers get
         `model` only); callers may pick `default`, `mini`, the role's
@@ -192,12 +206,14 @@ class RoleExecutor(AgentExecutor):
         self.task_store = task_store
         self.max_memory = max_memory
         self._models = models
+        self.sandbox = sandbox
         # Checked at start-up: a script in the operator's list is refused here.
         offered = offered_models(role, model_names)
         self.model_names: frozenset[str] = offered if models is not None else frozenset()
         """The model names a caller may choose (empty: none, the server's model only)."""
-        # Fail at start-up, not at the first request, on a bad tool list.
-        role_conversation(role, model, workspace)
+        # Fail at start-up, not at the first request, on a bad tool list or
+        # a sandbox this machine cannot provide.
+        role_conversation(role, model, workspace, sandbox=sandbox)
         self._conversations: dict[str, Conversation] = {}
         self._sizes: dict[str, int] = {}
         """Context id -> `conversation_size` measured when its last turn ended."""
@@ -360,6 +376,7 @@ class RoleExecutor(AgentExecutor):
             self.workspace,
             messages=messages,
             journal=journal.scoped(task.context_id) if journal else None,
+            sandbox=self.sandbox,
         )
 
     async def _earlier_tasks(

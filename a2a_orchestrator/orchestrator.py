@@ -64,6 +64,9 @@ from .server import (
 from .serving import bind_socket
 from .session import RelayedEvent, Session
 from .store import Store
+from .tools import Sandbox
+from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
+from .transports.local import check_sandbox
 from .view import describe_event
 from .wire import EVENT_KEY, publish
 
@@ -75,11 +78,16 @@ MODE_KEY = "a2a_orchestrator.mode"
 MODES = ("pipeline", "delegate")
 
 
-def build_orchestrator_card(url: str, *, auth: bool = False) -> AgentCard:
+def build_orchestrator_card(
+    url: str, *, auth: bool = False, unsandboxed: bool = False
+) -> AgentCard:
+    """The orchestrator's card; `unsandboxed`: its in-process agents run
+    commands without a sandbox (the operator opted out), and it says so."""
     return agent_card(
         name="orchestrator",
         description="An A2A agent network as one agent: architect, coder and reviewer "
-        "role agents (local or remote) orchestrated over A2A.",
+        "role agents (local or remote) orchestrated over A2A."
+        + (f" (in-process agents: {UNSANDBOXED_NOTE})" if unsandboxed else ""),
         url=url,
         auth=auth,
         skills=[
@@ -196,6 +204,7 @@ class OrchestratorExecutor(AgentExecutor):
         reactions: Sequence[Reaction] = (),
         max_concurrent: int = 4,
         lost_after: float = 30.0,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.store = store
         self.reactions = list(reactions)
@@ -219,6 +228,7 @@ class OrchestratorExecutor(AgentExecutor):
                 session_id=session_id,
                 parent_model=parent_model,
                 lost_after=lost_after,
+                sandbox=sandbox,
             ),
             self._session_closed,
         )
@@ -398,18 +408,37 @@ async def run_orchestrator_server(
     public_url: str | None = None,
     hooks: Hooks | None = None,
     reactions: Sequence[Reaction] = (),
+    sandbox: Sandbox | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
-    """Serve the orchestrator (A2A + the HTTP control API) until the block exits."""
+    """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
+
+    `sandbox` is where in-process agents run commands (default:
+    `Sandbox.from_env()`). Raises `ConfigError` before binding when one of
+    them lists `run_command` and the sandbox cannot be had here.
+    """
+    sandbox = sandbox if sandbox is not None else Sandbox.from_env()
+    if "://" not in db:
+        sandbox = sandbox.hiding(*store_paths(db))
+    check_sandbox(network.agents.values(), sandbox)
+    unsandboxed = not sandbox.enabled and any(not s.remote for s in network.agents.values())
+    if unsandboxed:
+        logger.warning("orchestrator: in-process agents: %s (sandbox turned off)", UNSANDBOXED_NOTE)
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
     store = Store(store_path)
     executor = OrchestratorExecutor(
-        store, workdir=workdir, network=network, models=models, hooks=hooks, reactions=reactions
+        store,
+        workdir=workdir,
+        network=network,
+        models=models,
+        hooks=hooks,
+        reactions=reactions,
+        sandbox=sandbox,
     )
     app = build_app(
         executor,
-        build_orchestrator_card(url, auth=bool(token)),
+        build_orchestrator_card(url, auth=bool(token), unsandboxed=unsandboxed),
         open_task_store(db),
         token=token,
         extra_routes=api_routes(store, lambda: executor.planes),

@@ -2,8 +2,8 @@
 
 A role file is either Markdown with YAML front matter (the body is the
 prompt) or JSON in the Creo shape (`prompt`, `model`, `skills`, `tools`, and
-optionally `description`, `max_turns`, `timeout`, `models`). Either way the role's name
-is the file's stem; a `name` field, when present, must agree with it.
+optionally `description`, `max_turns`, `timeout`, `models`, `sandbox_network`).
+Either way the role's name is the file's stem; a `name` field, when present, must agree with it.
 
 Lookup contract: `role_dirs()` lists the directories in priority order, and
 the first directory holding `<name>.md` or `<name>.json` wins (within one
@@ -49,7 +49,17 @@ _SUFFIXES = (".md", ".json")
 
 # Markdown carries the prompt as its body; JSON carries it as a field.
 _MARKDOWN_FIELDS = frozenset(
-    {"name", "description", "model", "models", "tools", "skills", "max_turns", "timeout"}
+    {
+        "name",
+        "description",
+        "model",
+        "models",
+        "tools",
+        "skills",
+        "max_turns",
+        "timeout",
+        "sandbox_network",
+    }
 )
 _JSON_FIELDS = _MARKDOWN_FIELDS | {"prompt"}
 
@@ -79,6 +89,9 @@ class Role:
     """Most model turns one conversation may take."""
     timeout: float = 60.0
     """Most seconds one conversation may run."""
+    sandbox_network: bool = False
+    """Whether `run_command`'s sandbox lets this role's commands use the
+    network. Set by the role file only: a child's configuration cannot."""
     source: Path | None = None
     """The file the role was loaded from; `None` for roles built in code."""
 
@@ -334,6 +347,11 @@ def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> 
     timeout = fields.get("timeout", 60.0)
     if not _is_positive_number(timeout):
         raise RoleFileError(where, f"must be a positive number, got {timeout!r}", field="timeout")
+    sandbox_network = fields.get("sandbox_network", False)
+    if not isinstance(sandbox_network, bool):
+        raise RoleFileError(
+            where, f"must be true or false, got {sandbox_network!r}", field="sandbox_network"
+        )
     return Role(
         name=name,
         description=description.strip(),
@@ -344,6 +362,7 @@ def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> 
         skills=_string_list(where, fields, "skills"),
         max_turns=max_turns,
         timeout=float(timeout),
+        sandbox_network=sandbox_network,
         source=path,
     )
 

@@ -70,7 +70,8 @@ from .overrides import offered_models
 from .roles import Role
 from .serving import bind_socket, serve
 from .taskstore import SQLiteTaskStore
-from .tools import Workspace
+from .tools import Sandbox, Workspace
+from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY
 
 __all__ = [
@@ -151,8 +152,14 @@ CONTROL_CARD_EXTENSION = AgentExtension(
 )
 
 
-def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
-    """The agent card of a role served at `url`."""
+def build_card(
+    role: Role, url: str, *, auth: bool = False, sandbox: Sandbox | None = None
+) -> AgentCard:
+    """The agent card of a role served at `url`.
+
+    A role with `run_command` whose operator turned the sandbox off says so
+    in its description: callers should know their task runs unconfined.
+    """
     skills = [
         AgentSkill(
             id=skill,
@@ -162,9 +169,12 @@ def build_card(role: Role, url: str, *, auth: bool = False) -> AgentCard:
         )
         for skill in role.skills
     ] or [AgentSkill(id=role.name, name=role.name, description=role.description, tags=[role.name])]
+    description = role.description or f"The {role.name} role"
+    if sandbox is not None and not sandbox.enabled and "run_command" in role.tools:
+        description += f" ({UNSANDBOXED_NOTE})"
     return agent_card(
         name=role.name,
-        description=role.description or f"The {role.name} role",
+        description=description,
         url=url,
         skills=skills,
         auth=auth,
@@ -382,6 +392,7 @@ async def run_role_server(
     models: Callable[[str], Model] | None = None,
     model_names: Collection[str] = (),
     max_memory: int = DEFAULT_MAX_MEMORY,
+    sandbox: Sandbox | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -392,9 +403,25 @@ async def run_role_server(
     child asks for (None: children get the server's model only); a caller
     may ask for `default`, `mini`, the role's `models` and `model_names`.
     `max_memory` bounds the conversations held in memory (bytes).
+
+    `sandbox` is where `run_command` runs commands (default:
+    `Sandbox.from_env()`); a file task store is hidden from them. Raises
+    `ConfigError` before binding when the role lists `run_command` and the
+    sandbox cannot be had here; an operator's opt-out is logged as a warning
+    and shown in the card's description.
     """
     # A script in the model allow-list is refused before the port is taken.
     offered_models(role, model_names)
+    sandbox = sandbox if sandbox is not None else Sandbox.from_env()
+    if "://" not in db:
+        sandbox = sandbox.hiding(*store_paths(db))
+    if "run_command" in role.tools:
+        # Refuse before anything is bound or opened.
+        sandbox.allowing_network(role.sandbox_network).check()
+        if not sandbox.enabled:
+            logger.warning(
+                "%s: %s (the operator turned the sandbox off)", role.name, UNSANDBOXED_NOTE
+            )
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
     task_store = open_task_store(db)
@@ -407,10 +434,11 @@ async def run_role_server(
         journal=ToolJournal.open(journal_path(db, role.name, workdir)),
         model_names=model_names,
         max_memory=max_memory,
+        sandbox=sandbox,
     )
     app = build_app(
         executor,
-        build_card(role, url, auth=bool(token)),
+        build_card(role, url, auth=bool(token), sandbox=sandbox),
         task_store,
         token=token,
         max_body=max_body,

@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -55,8 +56,10 @@ from .models.config import ModelSettings, resolve_model
 from .network import AgentSpec, Network
 from .runner import Runner
 from .store import ChildRecord, Store
-from .tools import Tool, Workspace
+from .tools import Sandbox, Tool, Workspace
+from .tools.sandbox import store_paths
 from .transports import LocalDelegate, RemoteDelegate
+from .transports.local import check_sandbox
 
 __all__ = ["RelayedEvent", "Session"]
 
@@ -85,9 +88,12 @@ class Session:
         remote: RemoteDelegate | None = None,
         lost_after: float = 30.0,
         idle_probe: float = 15.0,
+        sandbox: Sandbox | None = None,
     ) -> None:
         """`lost_after` and `idle_probe` configure the session's own
-        `RemoteDelegate` (see there); a given `remote` keeps its own."""
+        `RemoteDelegate` (see there); a given `remote` keeps its own.
+        `sandbox`: where local children's commands run (default:
+        `Sandbox.from_env()`); the store is hidden from them."""
         self.store = store
         self.network = network or Network.load()
         self.workspace = Workspace(Path(workdir))
@@ -96,7 +102,12 @@ class Session:
         self.id = session_id or uuidlib.uuid4().hex
         self.title = title
         self.trace_id = uuidlib.uuid4().hex
-        self.local = LocalDelegate(self.workspace, models=self.models, parent_model=parent_model)
+        self.sandbox = (sandbox if sandbox is not None else Sandbox.from_env()).hiding(
+            *store_paths(store.path)
+        )
+        self.local = LocalDelegate(
+            self.workspace, models=self.models, parent_model=parent_model, sandbox=self.sandbox
+        )
         self._remote = remote
         self._lost_after = lost_after
         self._idle_probe = idle_probe
@@ -123,6 +134,9 @@ class Session:
     async def __aenter__(self) -> Session:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"a session can be opened once (it is {self._state.value})")
+        # No session starts that could not run its in-process agents' commands
+        # (a subprocess probe, once per process, hence off the event loop).
+        await anyio.to_thread.run_sync(check_sandbox, self.network.agents.values(), self.sandbox)
         await self.store.create_session(self.id, title=self.title)
         if self._remote is None:
             self._remote = await self._stack.enter_async_context(

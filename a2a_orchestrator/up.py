@@ -32,6 +32,12 @@ def up(args: argparse.Namespace) -> int:
     if missing:
         raise OrchestratorError(f"agents without a port cannot be started by `up`: {missing}")
     cli = [sys.executable, "-m", "a2a_orchestrator.cli"]
+    # Every server gets the operator's sandbox choice (the A2A_SANDBOX*
+    # variables reach them through the inherited environment).
+    sandbox_flags = [
+        *(["--no-sandbox"] if args.no_sandbox else []),
+        *(["--allow-network"] if args.allow_network else []),
+    ]
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []
     env = dict(os.environ)
     try:
@@ -44,6 +50,7 @@ def up(args: argparse.Namespace) -> int:
                 str(spec.port),
                 "--workdir",
                 str(workdir),
+                *sandbox_flags,
             ]
             processes.append((spec.name, subprocess.Popen(command, stdout=subprocess.DEVNULL)))
             env[override_var(spec.name, "URL")] = f"http://127.0.0.1:{spec.port}"
@@ -60,6 +67,7 @@ def up(args: argparse.Namespace) -> int:
             str(args.port),
             "--workdir",
             str(workdir),
+            *sandbox_flags,
         ]
         processes.append(
             ("orchestrator", subprocess.Popen(orchestrator, env=env, stdout=subprocess.DEVNULL))

@@ -6,7 +6,6 @@ same role in-process. Only the model is scripted (the same script both ways).
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import role_server
+from conftest import role_server, running_with_args
 
 from a2a_orchestrator.delegation import ChildConfig, ChildHandle
 from a2a_orchestrator.events import ChildEvent, Done, Failed, InputRequired, ToolResult
@@ -132,7 +131,10 @@ async def run_all_scenarios(transport: str, tmp_path: Path) -> dict[str, list[Ch
     script = [
         {
             "tool_calls": [
-                {"name": "run_command", "arguments": {"command": "echo $$ > pid; exec sleep 60"}}
+                {
+                    "name": "run_command",
+                    "arguments": {"command": "echo ok > pid; exec sleep 60.291"},
+                }
             ]
         }
     ]
@@ -140,10 +142,10 @@ async def run_all_scenarios(transport: str, tmp_path: Path) -> dict[str, list[Ch
         handle = await session.spawn(config("sleep"))
         while not (work / "pid").exists() or not (work / "pid").read_text().strip():
             await anyio.sleep(0.02)
-        pid = int((work / "pid").read_text())
+        assert running_with_args("sleep", "60.291")
         assert await handle.cancel()
         out["cancel"] = await drain(handle)
-        assert not os.path.exists(f"/proc/{pid}")
+        assert running_with_args("sleep", "60.291") == []
         assert (await session.store.get_child(handle.child_id)).reason == "aborted"  # type: ignore[union-attr]
 
     work = tmp_path / "max_turns"

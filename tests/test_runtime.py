@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import running_with_args
 
 from a2a_orchestrator.events import (
     AssistantMessage,
@@ -134,7 +135,7 @@ async def test_abort_mid_command_kills_it(tmp_path: Path) -> None:
         [
             {
                 "tool_calls": [
-                    {"name": "run_command", "arguments": {"command": "echo $$ > pid; sleep 30"}}
+                    {"name": "run_command", "arguments": {"command": "echo ok > pid; sleep 30.377"}}
                 ]
             }
         ],
@@ -153,8 +154,7 @@ async def test_abort_mid_command_kills_it(tmp_path: Path) -> None:
                 await anyio.sleep(0.02)
             conv.abort()
     assert isinstance(terminal, Failed) and terminal.reason == "aborted"
-    pid = int((tmp_path / "pid").read_text())
-    assert not Path(f"/proc/{pid}").exists()
+    assert running_with_args("sleep", "30.377") == []
     assert not conv.running
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from a2a.types import (
     StreamResponse,
     TaskState,
 )
-from conftest import a2a_client, role_server
+from conftest import a2a_client, role_server, running_with_args
 
 from a2a_orchestrator.events import ChildEvent, Done, Failed, InputRequired, ToolResult
 from a2a_orchestrator.wire import StreamDecoder
@@ -151,7 +150,10 @@ async def test_cancel_mid_run_kills_the_command(tmp_path: Path) -> None:
     script = [
         {
             "tool_calls": [
-                {"name": "run_command", "arguments": {"command": "echo $$ > pid; exec sleep 60"}}
+                {
+                    "name": "run_command",
+                    "arguments": {"command": "echo ok > pid; exec sleep 60.173"},
+                }
             ]
         }
     ]
@@ -173,13 +175,12 @@ async def test_cancel_mid_run_kills_the_command(tmp_path: Path) -> None:
                 tg.start_soon(stream)
                 while not task_id or not pid_file.exists() or not pid_file.read_text().strip():
                     await anyio.sleep(0.02)
-                pid = int((tmp_path / "pid").read_text())
-                assert os.path.exists(f"/proc/{pid}")
+                assert running_with_args("sleep", "60.173")
                 canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
             task = await client.get_task(GetTaskRequest(id=task_id))
     assert canceled.status.state == TaskState.TASK_STATE_CANCELED
     assert task.status.state == TaskState.TASK_STATE_CANCELED
-    assert not os.path.exists(f"/proc/{pid}")
+    assert running_with_args("sleep", "60.173") == []
     assert isinstance(seen[-1], Failed) and seen[-1].reason == "aborted"
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import stat
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,9 @@ import anyio
 import pytest
 
 from a2a_orchestrator.errors import ConfigError, PathOutsideWorkdirError, ToolError
+from a2a_orchestrator.procs import marked_processes
 from a2a_orchestrator.tools import TOOL_NAMES, Tool, Workspace, build_tools
+from a2a_orchestrator.tools.base import CallScope, current_call
 from a2a_orchestrator.tools.command import run_command_tool
 from a2a_orchestrator.tools.files import grep_tool, list_files_tool, read_file_tool
 
@@ -44,19 +48,6 @@ def tools(ws: Workspace) -> dict[str, Tool]:
 async def call(tool: Tool, **args: Any) -> str:
     with anyio.fail_after(10):
         return await tool.run(args)
-
-
-def pid_gone(pid: int) -> bool:
-    """True when `pid` no longer runs; an unreaped zombie counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return True
-    return raw[raw.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
 
 
 def names(directory: Path) -> list[str]:
@@ -318,30 +309,53 @@ async def test_run_command_output_is_bounded(ws: Workspace) -> None:
     assert len(out) < 1100
 
 
+@contextlib.contextmanager
+def tagged() -> Iterator[str]:
+    """Run the block as a tool call whose processes carry a fresh marker.
+
+    Commands run in their own PID namespace, so a pid they print means
+    nothing out here; the marker finds their processes from outside.
+    """
+    marker = uuid.uuid4().hex
+
+    async def record(pgid: int, ticks: int) -> None:
+        pass
+
+    token = current_call.set(CallScope(marker=marker, record_process=record))
+    try:
+        yield marker
+    finally:
+        current_call.reset(token)
+
+
 async def test_run_command_timeout_kills_the_process_group(ws: Workspace) -> None:
     tool = run_command_tool(ws, timeout=0.5)
     started = time.monotonic()
-    with pytest.raises(ToolError, match=r"timed out after 0\.5 s"):
+    with tagged() as marker, pytest.raises(ToolError, match=r"timed out after 0\.5 s"):
         # Asking for more than the configured maximum still gets the maximum.
         await call(tool, command="sleep 30 & echo $! > pid; wait", timeout=100)
     assert time.monotonic() - started < 5
-    assert pid_gone(int((ws.root / "pid").read_text()))
+    assert (ws.root / "pid").exists()
+    assert marked_processes(marker) == []
 
 
 async def test_run_command_sigkills_what_ignores_sigterm(ws: Workspace) -> None:
     tool = run_command_tool(ws, timeout=0.3, grace=0.3)
     started = time.monotonic()
-    with pytest.raises(ToolError, match="timed out"):
+    with tagged() as marker, pytest.raises(ToolError, match="timed out"):
         await call(tool, command="trap '' TERM; sleep 30 & echo $! > pid; wait")
     assert time.monotonic() - started < 5
-    assert pid_gone(int((ws.root / "pid").read_text()))
+    assert (ws.root / "pid").exists()
+    assert marked_processes(marker) == []
 
 
 async def test_run_command_leaves_nothing_running(tools: dict[str, Tool], ws: Workspace) -> None:
     # The background job lets go of stdout, so the command "finishes" at once.
-    out = await call(tools["run_command"], command="sleep 30 >/dev/null 2>&1 & echo $! > pid")
+    with tagged() as marker:
+        out = await call(tools["run_command"], command="sleep 30 >/dev/null 2>&1 & echo $! > pid")
     assert out.endswith("[exit code 0]")
-    assert pid_gone(int((ws.root / "pid").read_text()))
+    assert (ws.root / "pid").exists()
+    assert marked_processes(marker) == []
 
 
 @pytest.mark.parametrize("prelude", ["", "trap '' TERM; "], ids=["plain", "ignores-sigterm"])
@@ -355,7 +369,7 @@ async def test_run_command_cancelled_kills_the_process_group(ws: Workspace, prel
         await read_pid(ws.root / "pid")
         scope.cancel()
 
-    with anyio.fail_after(10):
+    with tagged() as marker, anyio.fail_after(10):
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(cancel_once_started, scope)
@@ -367,8 +381,7 @@ async def test_run_command_cancelled_kills_the_process_group(ws: Workspace, prel
     assert scope.cancelled_caught
     assert not finished
     # ... and only after the whole group was gone.
-    assert pid_gone(int((ws.root / "pid").read_text()))
-    assert pid_gone(int((ws.root / "shell").read_text()))
+    assert marked_processes(marker) == []
 
 
 async def test_run_command_argument_errors(tools: dict[str, Tool]) -> None:

@@ -18,9 +18,10 @@ from .files import (
     read_file_tool,
     write_file_tool,
 )
+from .sandbox import Sandbox
 from .workspace import Workspace
 
-__all__ = ["TOOL_NAMES", "Tool", "Workspace", "build_tools"]
+__all__ = ["TOOL_NAMES", "Sandbox", "Tool", "Workspace", "build_tools"]
 
 TOOL_NAMES: tuple[str, ...] = (
     "read_file",
@@ -39,11 +40,15 @@ def build_tools(
     *,
     command_timeout: float = 60.0,
     max_output: int = 65536,
+    sandbox: Sandbox | None = None,
 ) -> list[Tool]:
     """The tools called `names`, in that order, bound to `workspace`.
 
     `command_timeout` is `run_command`'s default and maximum timeout in
-    seconds; `max_output` bounds the bytes `run_command` and `grep` return.
+    seconds; `max_output` bounds the bytes `run_command` and `grep` return;
+    `sandbox` is where `run_command` runs commands (default:
+    `Sandbox.from_env()`), and `run_command` raises `ConfigError` when that
+    sandbox cannot be had here.
     A name listed twice yields one tool (a model API rejects duplicate
     names). Raises `ConfigError` listing `TOOL_NAMES` for an unknown name.
     """
@@ -54,7 +59,7 @@ def build_tools(
         "write_file": lambda: write_file_tool(workspace),
         "edit_file": lambda: edit_file_tool(workspace),
         "run_command": lambda: run_command_tool(
-            workspace, timeout=command_timeout, max_output=max_output
+            workspace, timeout=command_timeout, max_output=max_output, sandbox=sandbox
         ),
     }
     # A bare string is one name, not an iterable of one-letter names.

@@ -1,7 +1,11 @@
 """The `run_command` tool: one shell command in the workspace, bounded in time and output.
 
+The command runs in the operator's `Sandbox` (bubblewrap: see
+`tools.sandbox`) with an environment of its own, never the server's.
+
 Concurrency contract. The command runs as `/bin/sh -c` in a new session, so
-it and everything it starts share one process group. However `run` ends —
+it and everything it starts (the sandbox too) share one process group.
+However `run` ends —
 the command finished, its timeout expired, or the awaiting task was
 cancelled — before it returns or raises, the whole group has been sent
 SIGTERM, then SIGKILL after a short grace, and the shell has been awaited.
@@ -11,6 +15,15 @@ cleanup, never swallowed.
 
 A command whose background job keeps stdout open is waited for until its
 timeout, like any shell pipeline reading to end of file.
+
+In a sandbox, SIGTERM ends bubblewrap, whose PID namespace then takes every
+process in it down with SIGKILL; a process that left the group on purpose
+goes with it.
+
+At-most-once seam: when the runtime set `base.current_call`, the call's
+marker is in the command's environment and the process group is reported
+through `CallScope.record_process` right after the spawn, before anything can
+cancel the call.
 """
 
 from __future__ import annotations
@@ -25,7 +38,9 @@ import anyio.abc
 import anyio.to_thread
 
 from ..errors import ConfigError, ToolError
-from .base import Tool
+from ..procs import start_ticks
+from .base import Tool, current_call
+from .sandbox import Sandbox
 from .workspace import Workspace
 
 __all__ = ["run_command_tool"]
@@ -151,14 +166,30 @@ def _with_code(output: str, code: int) -> str:
     return f"{output.rstrip(chr(10))}\n[{reason}]"
 
 
+def _confinement(sandbox: Sandbox) -> str:
+    """What the model should know about where its command runs."""
+    if not sandbox.enabled:
+        return ""
+    network = "with" if sandbox.network else "without"
+    return (
+        f" It runs in a sandbox {network} network access: only the work directory "
+        "is writable (and a private, empty /tmp, which is also HOME)."
+    )
+
+
 def run_command_tool(
     workspace: Workspace,
     *,
     timeout: float = DEFAULT_TIMEOUT,
     max_output: int = DEFAULT_MAX_OUTPUT,
     grace: float = DEFAULT_GRACE,
+    sandbox: Sandbox | None = None,
 ) -> Tool:
     """`run_command(command, timeout=None)`: run `command` with `/bin/sh -c` in the workspace.
+
+    `sandbox` is the operator's policy (default: `Sandbox.from_env()`).
+    Raises `ConfigError` when it asks for a sandbox this machine cannot
+    provide, so a server refuses to start rather than run commands unconfined.
 
     `timeout` (seconds) defaults to, and is capped at, the configured
     `timeout`. stdout and stderr are combined; at most `max_output` bytes are
@@ -170,6 +201,8 @@ def run_command_tool(
         raise ConfigError(f"run_command timeout must be positive, got {timeout!r}")
     if max_output < 2:
         raise ConfigError(f"run_command max_output must be at least 2 bytes, got {max_output!r}")
+    policy = sandbox if sandbox is not None else Sandbox.from_env()
+    policy.check()
 
     async def run(args: dict[str, Any]) -> str:
         command = args.get("command")
@@ -177,13 +210,15 @@ def run_command_tool(
             raise ToolError("Argument 'command' must be a non-empty string")
         limit = _timeout_arg(args, timeout)
         buffer = _HeadTail(max_output)
+        call = current_call.get()
         try:
             # Shielded so a cancellation cannot land between the spawn and our
             # holding the handle, which would leave the process unowned.
             with anyio.CancelScope(shield=True):
                 process = await anyio.open_process(
-                    ["/bin/sh", "-c", command],
+                    policy.wrap(["/bin/sh", "-c", command], workspace.root),
                     cwd=workspace.root,
+                    env=policy.environment(call.marker if call is not None else None),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -192,6 +227,11 @@ def run_command_tool(
         except OSError as exc:
             raise ToolError(f"Could not start the command: {exc}") from exc
         try:
+            if call is not None:
+                # A durable record of the group before the command can do
+                # anything worth repeating; a cancellation must not skip it.
+                with anyio.CancelScope(shield=True):
+                    await call.record_process(process.pid, start_ticks(process.pid))
             with anyio.move_on_after(limit) as scope:
                 assert process.stdout is not None
                 async for chunk in process.stdout:
@@ -219,6 +259,7 @@ def run_command_tool(
             "Run a shell command (/bin/sh -c) in the work directory and return its "
             "combined stdout and stderr and exit code. A non-zero exit is reported as "
             f"a failure. Times out after {timeout:g} s at most; stdin is empty."
+            + _confinement(policy)
         ),
         parameters={
             "type": "object",

@@ -6,10 +6,11 @@ without HTTP; events come straight from the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ..delegation import CANCELED_TEXT, INTERRUPTED_TEXT, ChildConfig, Emit
+from ..errors import OrchestratorError
 from ..events import ChildEvent
 from ..executor import apply_child_config, role_conversation
 from ..journal import CallJournal
@@ -17,10 +18,10 @@ from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
 from ..roles import find_role
 from ..runtime import Conversation
-from ..tools import Tool, Workspace
+from ..tools import Sandbox, Tool, Workspace
 from ..transcript import rebuild_transcript
 
-__all__ = ["LocalDelegate", "LocalRun", "pick_model"]
+__all__ = ["LocalDelegate", "LocalRun", "check_sandbox", "pick_model"]
 
 
 def pick_model(requested: str | None, role_model: str, parent_model: str | None) -> str:
@@ -30,6 +31,25 @@ def pick_model(requested: str | None, role_model: str, parent_model: str | None)
     if role_model and role_model != "default":
         return role_model
     return parent_model or "default"
+
+
+def check_sandbox(
+    specs: Iterable[AgentSpec], sandbox: Sandbox | None, *, cwd: Path | None = None
+) -> None:
+    """Raise `ConfigError` when an in-process agent's role lists `run_command`
+    and `sandbox` cannot be had here, so a network refuses at start rather
+    than at its first command. A role that does not load is left for its
+    spawn to report."""
+    for spec in specs:
+        if spec.remote:
+            continue
+        try:
+            role = find_role(spec.role, cwd=cwd)
+        except OrchestratorError:
+            continue
+        if "run_command" in role.tools:
+            policy = sandbox if sandbox is not None else Sandbox.from_env()
+            policy.allowing_network(role.sandbox_network).check()
 
 
 class LocalRun:
@@ -84,8 +104,11 @@ class LocalDelegate:
         parent_model: str | None = None,
         extra_tools: Mapping[str, Tool] | None = None,
         cwd: Path | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
+        """`sandbox`: where the children's commands run (default: `Sandbox.from_env()`)."""
         self.workspace = workspace
+        self.sandbox = sandbox
         self.models = models
         self.parent_model = parent_model
         self.extra_tools = dict(extra_tools or {})
@@ -107,7 +130,13 @@ class LocalDelegate:
         )
         tools = {**self.extra_tools, **(extra_tools or {})}
         return role_conversation(
-            role, model, self.workspace, extra_tools=tools, messages=messages, journal=journal
+            role,
+            model,
+            self.workspace,
+            extra_tools=tools,
+            messages=messages,
+            sandbox=self.sandbox,
+            journal=journal,
         )
 
     async def open(
