@@ -2,7 +2,7 @@
 
 A command's process group is recorded with its leader's start time (field 22
 of /proc/PID/stat, clock ticks since boot) and the call's marker, which every
-process it starts carries in its environment (`tools.base.CALL_MARKER_ENV`).
+process it starts carries in its environment (`CALL_MARKER_ENV`).
 A group is ours when its leader still has the recorded start time, or, once
 the leader is gone, for each remaining process that carries the marker.
 Nothing else is signalled: a pid or group id reused by an unrelated process
@@ -15,9 +15,10 @@ import os
 import signal
 from collections.abc import Iterable, Iterator
 
-from .tools.base import CALL_MARKER_ENV
+__all__ = ["CALL_MARKER_ENV", "end_leftovers", "marked_processes", "start_ticks"]
 
-__all__ = ["end_leftovers", "marked_processes", "start_ticks"]
+CALL_MARKER_ENV = "A2A_ORCHESTRATOR_CALL"
+"""Environment variable that tags every process a tool call starts."""
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:

@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.base import ToolSpec
+from ..procs import CALL_MARKER_ENV
 
 __all__ = ["CALL_MARKER_ENV", "CallScope", "Tool", "current_call"]
-
-CALL_MARKER_ENV = "A2A_ORCHESTRATOR_CALL"
-"""Environment variable that tags every process a tool call starts."""
 
 
 @dataclass(frozen=True, kw_only=True)
