@@ -277,6 +277,10 @@ class RoleExecutor(AgentExecutor):
                 history=[context.message] if context.message else [],
             )
             await event_queue.enqueue_event(task)
+            if self.task_store is not None and context.call_context is not None:
+                # On disk before any tool can run: after a crash the task is
+                # found again (and marked lost), never sent and run a second time.
+                await self.task_store.save(task, context.call_context)
 
         async def emit(event: ChildEvent) -> None:
             await publish(updater, event)

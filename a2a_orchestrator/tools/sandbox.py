@@ -183,7 +183,11 @@ class Sandbox:
         it and plant configuration the server reads later.
         """
         if not self.enabled:
-            return list(argv)
+            # Unconfined, but the shell still dies with the server (even by
+            # SIGKILL), so a crashed server's command stops where it is; what
+            # it started itself is ended by the next start's journal recovery.
+            setpriv = shutil.which("setpriv")
+            return [setpriv, "--pdeathsig", "KILL", *argv] if setpriv else list(argv)
         root = Path(os.path.realpath(workdir))
         state = root / STATE_DIR
         try:
