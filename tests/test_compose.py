@@ -361,3 +361,12 @@ def test_dockerignore_keeps_local_state_out() -> None:
     # Nothing the image is built from may be ignored.
     for needed in ("pyproject.toml", "README.md", "a2a_orchestrator", "roles", "agents"):
         assert needed not in patterns
+
+
+def test_servers_do_not_read_configuration_from_the_shared_work_volume() -> None:
+    # Lookups read ./roles, ./agents and ./.a2a of the current directory;
+    # /work is writable by every role's (unsandboxed) commands.
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name, service in compose["services"].items():
+        assert service.get("working_dir") == "/home/a2a", name
+        assert "--workdir" in service["command"], name
