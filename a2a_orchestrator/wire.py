@@ -15,6 +15,10 @@ Server side, `publish` turns each `ChildEvent` into task updates:
 
 Every status message carries `metadata[EVENT_KEY] = kind` (and the usage or
 reason where the event has one), so our own client reads events back exactly;
+numbers need one step for that: metadata and data parts are protobuf
+`Struct`s, whose numbers are all doubles, so the usage `{"input_tokens": 565}`
+reads `565.0` in the wire's JSON, and our reader turns every whole number
+back into an int (`plain`) before anything stores or shows it;
 a foreign A2A agent's plain status updates and artifacts decode to the
 closest events (`StreamDecoder`). Agent status messages end up in the task's
 history, so a conversation can be rebuilt from a stored task
@@ -54,6 +58,7 @@ __all__ = [
     "RESULT_ARTIFACT",
     "StreamDecoder",
     "history_entries",
+    "plain",
     "publish",
     "transcript_from_history",
 ]
@@ -127,14 +132,34 @@ async def _status(
     await updater.update_status(state, message)
 
 
+# Whole doubles up to here are exactly the ints they were sent as.
+_EXACT = 2**53
+
+
+def plain(value: Any) -> Any:
+    """A decoded `Struct` value with its whole numbers as ints again.
+
+    A `Struct` keeps every number as a double, so 565 comes back as 565.0;
+    a whole number within 2**53 was an int (or is one as well as JSON can
+    tell). Other values, nested in lists and dicts, are kept as they are.
+    """
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
 def _meta(message: Message) -> dict[str, Any]:
-    return MessageToDict(message.metadata) if message.HasField("metadata") else {}
+    return plain(MessageToDict(message.metadata)) if message.HasField("metadata") else {}
 
 
 def _data(message: Message) -> dict[str, Any]:
     for part in message.parts:
         if part.HasField("data"):
-            value = MessageToDict(part.data)
+            value = plain(MessageToDict(part.data))
             if isinstance(value, dict):
                 return value
     return {}
