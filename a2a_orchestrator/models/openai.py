@@ -297,7 +297,7 @@ class OpenAIModel:
                 raise _Retryable(
                     ModelError(
                         f"model endpoint {self._base_url} ended its stream without a finish "
-                        f"reason (model {self._model!r}), after {received} characters: "
+                        f"reason (model {self._model!r}), after {received} characters of text: "
                         "the answer was cut short"
                     )
                 )
