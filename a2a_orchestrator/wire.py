@@ -15,14 +15,15 @@ Server side, `publish` turns each `ChildEvent` into task updates:
 
 Every status message carries `metadata[EVENT_KEY] = kind` (and the usage or
 reason where the event has one), so our own client reads events back exactly;
-numbers need one step for that: metadata and data parts are protobuf
-`Struct`s, whose numbers are all doubles, so the usage `{"input_tokens": 565}`
-reads `565.0` in the wire's JSON, and our reader turns every whole number
-back into an int (`plain`) before anything stores or shows it;
 a foreign A2A agent's plain status updates and artifacts decode to the
 closest events (`StreamDecoder`). Agent status messages end up in the task's
 history, so a conversation can be rebuilt from a stored task
 (`transcript_from_history`) after a restart.
+
+Numbers: metadata and data parts are protobuf `Struct`s, where every number
+is a double, so a usage of `{"input_tokens": 565}` reads `565.0` in the
+wire's JSON. Our reader turns whole numbers back into ints (`plain`) before
+anything stores or shows them.
 """
 
 from __future__ import annotations
