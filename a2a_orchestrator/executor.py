@@ -41,6 +41,7 @@ from .errors import ConfigError
 from .events import ChildEvent, Failed, InputRequired
 from .journal import CallJournal, ToolJournal
 from .models.base import ChatMessage, Model
+from .models.config import limit_model
 from .overrides import Overrides, check_wire_overrides, offered_models, parse_overrides
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
@@ -157,7 +158,8 @@ def role_conversation(
     )
     tools += [extra[name] for name in role.tools if name in extra]
     return Conversation(
-        model=model,
+        # The role file's model_timeout / model_retries, where it sets them.
+        model=limit_model(model, timeout=role.model_timeout, retries=role.model_retries),
         system_prompt=role.prompt,
         tools=tools,
         ask_parent=ASK_PARENT in role.tools,

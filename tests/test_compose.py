@@ -187,6 +187,8 @@ def test_model_and_token_come_from_the_host(services: dict[str, dict[str, Any]],
         "A2A_MODEL_API_KEY",
         "A2A_MODEL_DEFAULT",
         "A2A_MODEL_MINI",
+        "A2A_MODEL_TIMEOUT",
+        "A2A_MODEL_RETRIES",
     ):
         assert env.get(var) == f"${{{var}:-}}", f"{name}: {var}"
     # Required, not defaulted: compose refuses to start without a token.
