@@ -7,7 +7,6 @@ the supervision scenarios here run local children only.
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -65,18 +64,16 @@ HOSTILE = {
 @pytest.mark.parametrize("template", HOSTILE.values(), ids=HOSTILE.keys())
 def test_a_hostile_template_fails_cleanly_and_cheaply(template: str) -> None:
     tracemalloc.start()
-    started = time.perf_counter()
     try:
         with pytest.raises(ControlError, match=r"^inject template: "):
             render_inject(template, EVENT)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    # Refused before the value is built, not after: a few MB at most
-    # (each of these would otherwise allocate between 1 GB and an exabyte),
-    # and in well under the time a hung event loop would be noticed.
+    # Refused before the value is built, not after: a few MB at most (each
+    # of these would otherwise allocate from 1 GB to an exabyte, or loop for
+    # hours; the work budget stops those, the suite's timeout backs it up).
     assert peak < 8 * 1024 * 1024
-    assert time.perf_counter() - started < 10
 
 
 def test_output_is_cut_at_64_kib_while_streaming() -> None:
