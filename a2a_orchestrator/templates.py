@@ -48,7 +48,7 @@ INJECT_LIMIT = 64 * 1024
 INJECT_CUT = "\n…[inject cut at 64 KiB]"
 VALUE_LIMIT = 256 * 1024
 """How much longer than its context's longest string a template's value may grow."""
-FUEL = 250_000
+FUEL = 100_000
 """Units of work per rendering: one per loop step, call, filter or operator,
 plus one per 256 characters of every value made."""
 MAX_RANGE = 10_000
@@ -211,7 +211,7 @@ def _guard_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]
 class _MeteredCode(CodeGenerator):
     """Routes what Jinja compiles to plain Python through the meter: each
     `{% for %}` iterates through `environment.metered`, each `~` through
-    `environment.concat_metered`."""
+    `environment.concat_metered`, each slice through `environment.slice_metered`."""
 
     def visit_For(self, node: nodes.For, frame: Frame) -> None:
         metered = nodes.Call(
@@ -235,6 +235,23 @@ class _MeteredCode(CodeGenerator):
             ),
             frame,
         )
+
+    def visit_Getitem(self, node: nodes.Getitem, frame: Frame) -> None:
+        # Jinja writes slices as plain Python (`x[::-1]`), past the sandbox's
+        # `getitem`; a copy of a long value costs by its size like any other.
+        if not isinstance(node.arg, nodes.Slice):
+            super().visit_Getitem(node, frame)
+            return
+        self.write("environment.slice_metered(")
+        self.visit(node.node, frame)
+        self.write(", slice(")
+        for place, part in enumerate((node.arg.start, node.arg.stop, node.arg.step)):
+            self.write(", " if place else "")
+            if part is None:
+                self.write("None")
+            else:
+                self.visit(part, frame)
+        self.write("))")
 
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
         self.write("environment.concat_metered((")
@@ -276,6 +293,12 @@ class BoundedSandbox(SandboxedEnvironment):
         self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
         self.metered = _metered
         self.concat_metered = self._concat
+        self.slice_metered = self._slice
+
+    def _slice(self, value: Any, part: slice) -> Any:
+        meter = _current()
+        meter.spend()
+        return meter.made(value[part], "a slice")
 
     def _concat(self, values: tuple[Any, ...]) -> str:
         meter = _current()

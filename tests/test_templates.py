@@ -42,6 +42,7 @@ HOSTILE = {
     "{% endfor %}{% endfor %}",
     "loops-over-content": "{% for a in event.content %}{% for b in event.content %}"
     "{% endfor %}{% endfor %}",
+    "slices-in-a-loop": "{% for i in range(10000) %}{{ event.content[::-1]|length }}{% endfor %}",
     "replace-filter": "{{ ('x' * 60000)|replace('x', 'y' * 60000) }}",
     "replace-method": "{{ ('x' * 60000).replace('x', 'y' * 60000) }}",
     "join-method": "{{ ('x' * 60000).join(['a'] * 60000) }}",
