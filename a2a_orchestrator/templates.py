@@ -89,12 +89,10 @@ _meter: ContextVar[_Meter | None] = ContextVar("inject_template_meter", default=
 
 def _current() -> _Meter:
     meter = _meter.get()
-    if meter is None:
-        # Used outside `render_inject` (a template compiled by hand): the
-        # same limits, over an empty context.
-        meter = _Meter(VALUE_LIMIT)
-        _meter.set(meter)
-    return meter
+    # Outside `render_inject` (a template rendered by hand) each operation
+    # still meets the size limits, over an empty context; only a rendering
+    # has a budget of work to spend.
+    return meter if meter is not None else _Meter(VALUE_LIMIT)
 
 
 def _size(value: Any) -> int:
