@@ -70,7 +70,7 @@ EDIT_FILE_LIMIT = 8 * 1024 * 1024
 # A NUL byte in the first block is how git and grep tell binary from text.
 _SNIFF_BYTES = 8192
 # Characters read at a time when skipping (the rest of) a line.
-_SKIP_CHUNK = 64 * 1024
+_SKIP_CHUNK = 1024 * 1024
 
 
 def _str_arg(args: dict[str, Any], name: str, default: str | None = None) -> str:
@@ -394,14 +394,16 @@ def grep_tool(
             text = ""
             if too_big:
                 shown = ", ".join(too_big[:10]) + (", ..." if len(too_big) > 10 else "")
+                files = "file" if len(too_big) == 1 else "files"
                 text += (
-                    f"\n[skipped {len(too_big)} files over {_size(max_file_bytes)}: {shown}; "
-                    "use read_file with offset and limit on them]"
+                    f"\n[skipped {len(too_big)} {files} over {_size(max_file_bytes)}: {shown}; "
+                    "read them with read_file, which takes offset and limit]"
                 )
             if long_lines:
+                lines = "line" if long_lines == 1 else "lines"
                 text += (
-                    f"\n[{long_lines} lines longer than {max_line} characters were searched "
-                    "only in their first part]"
+                    f"\n[{long_lines} {lines} longer than {max_line} characters: searched "
+                    f"in the first {max_line} characters only]"
                 )
             return text
 

@@ -222,8 +222,9 @@ def locate(
                     follow(target)
                     continue
                 if create_dirs:
-                    if not stack and part in read_only:
-                        raise ReadOnly(part) from None
+                    first = (*names, part)[0]
+                    if first in read_only:
+                        raise ReadOnly(first) from None
                     made += 1
                     if made > MAX_SYMLINKS:
                         # Something removes what we make as fast as we make it.

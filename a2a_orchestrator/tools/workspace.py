@@ -243,24 +243,33 @@ class Workspace:
         found: set[str] = set()
         root = os.dup(self._fd())
         try:
-            for rel in self._match(root, (), parts, include_git):
+            for rel in self._match(root, (), (), parts, include_git):
                 found.add("/".join(rel))
         finally:
             os.close(root)
         return sorted(found)
 
     def _match(
-        self, dir_fd: int, at: tuple[str, ...], parts: tuple[str, ...], include_git: bool
+        self,
+        dir_fd: int,
+        at: tuple[str, ...],
+        real: tuple[str, ...],
+        parts: tuple[str, ...],
+        include_git: bool,
     ) -> Iterator[tuple[str, ...]]:
-        """Paths under directory `dir_fd` (reached as `at`) matching `parts`."""
+        """Paths under directory `dir_fd` (reached as `at`, really at `real`) matching `parts`.
+
+        `real` is the directory's path from the root with symlinks resolved:
+        a symlink to the root (`self -> .`) leads back to where `.a2a` is hidden.
+        """
         if not parts:
             return
         head, rest = parts[0], parts[1:]
         if head == "**":
-            yield from self._match(dir_fd, at, rest, include_git)
-            for name, sub in self._subdirs(dir_fd, at, include_git):
+            yield from self._match(dir_fd, at, real, rest, include_git)
+            for name, sub in self._subdirs(dir_fd, real, include_git):
                 try:
-                    yield from self._match(sub, (*at, name), parts, include_git)
+                    yield from self._match(sub, (*at, name), (*real, name), parts, include_git)
                 finally:
                     os.close(sub)
             return
@@ -270,27 +279,28 @@ class Workspace:
         for entry in entries:
             if entry.name in _SKIPPED_DIRS and not include_git:
                 continue
-            if not at and entry.name in _HIDDEN:
+            if not real and entry.name in _HIDDEN:
                 continue
             rel = (*at, entry.name)
             if not rest:
                 if self._is_inside_file(entry, rel):
                     yield rel
                 continue
-            child = self._open_subdir(dir_fd, entry, rel)
-            if child is None:
+            opened = self._open_subdir(dir_fd, entry, rel, real)
+            if opened is None:
                 continue
+            child, child_real = opened
             try:
-                yield from self._match(child, rel, rest, include_git)
+                yield from self._match(child, rel, child_real, rest, include_git)
             finally:
                 os.close(child)
 
     def _subdirs(
-        self, dir_fd: int, at: tuple[str, ...], include_git: bool
+        self, dir_fd: int, real: tuple[str, ...], include_git: bool
     ) -> Iterator[tuple[str, int]]:
-        """Real subdirectories of `dir_fd` (reached as `at`), opened; symlinks are not descended."""
+        """Real subdirectories of `dir_fd` (really at `real`), opened; no symlinks followed."""
         skipped = frozenset() if include_git else _SKIPPED_DIRS
-        if not at:
+        if not real:
             skipped |= _HIDDEN
         with os.scandir(dir_fd) as it:
             names = sorted(
@@ -304,19 +314,22 @@ class Workspace:
                 continue
 
     def _open_subdir(
-        self, dir_fd: int, entry: os.DirEntry[str], rel: tuple[str, ...]
-    ) -> int | None:
-        """A descriptor on directory `entry`, following a symlink only while it stays inside."""
+        self, dir_fd: int, entry: os.DirEntry[str], rel: tuple[str, ...], real: tuple[str, ...]
+    ) -> tuple[int, tuple[str, ...]] | None:
+        """Directory `entry` of `dir_fd` (really at `real`) opened, and its real path.
+
+        A symlink is followed only while it stays inside and out of `.a2a`.
+        """
         if not entry.is_symlink():
             if not entry.is_dir(follow_symlinks=False):
                 return None
             try:
-                return os.open(entry.name, fspath.DIR_FLAGS, dir_fd=dir_fd)
+                return os.open(entry.name, fspath.DIR_FLAGS, dir_fd=dir_fd), (*real, entry.name)
             except OSError:
                 pass  # swapped for a symlink since the scan: resolve it as one
         try:
             with fspath.locate(self._fd(), str(self.root), "/".join(rel), hidden=_HIDDEN) as found:
-                return fspath.open_dir(found)
+                return fspath.open_dir(found), found.parts
         except (fspath.Escape, OSError):
             return None
 
