@@ -130,7 +130,9 @@ async def test_read_file_is_bounded(ws: Workspace) -> None:
     # One line longer than the bound is cut inside the line.
     (ws.root / "wide.txt").write_text("x" * 500 + "\nnext\n")
     out = await call(tool, path="wide.txt")
-    assert out.startswith("x" * 100 + "\n[line cut at 100 bytes; continue with offset=2]")
+    # 400 bytes of the line and "\nnext\n" are not shown.
+    note = "\n[line cut at 100 bytes; 406 more bytes in the file; continue with offset=2]"
+    assert out == "x" * 100 + note
 
 
 async def test_read_file_errors(tools: dict[str, Tool], ws: Workspace) -> None:

@@ -14,6 +14,12 @@ Absolute symlink targets are mapped onto the root when they name a place
 beneath it (by its path, or a path whose real location is the root); any
 other target, and any `..` above the root, is an `Escape`.
 
+Names reserved at the root are judged in the same walk, on the first
+component below the root after every symlink met so far was resolved (so
+`x -> .a2a` is caught like `.a2a`, whatever string led there): the walk
+never enters nor ends at a `hidden` one (`Hidden`, a kind of `Escape`), and
+never creates nor ends beneath a `read_only` one (`ReadOnly`).
+
 `openat2(RESOLVE_BENEATH)` would give the same guarantee for plain opens, but
 it refuses absolute symlinks that stay inside and does not tell which names it
 followed, which the tools report back; one walk serves every tool instead.
@@ -23,10 +29,21 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-__all__ = ["DIR_FLAGS", "MAX_SYMLINKS", "Entry", "Escape", "locate", "open_dir", "root_parts"]
+__all__ = [
+    "DIR_FLAGS",
+    "MAX_SYMLINKS",
+    "Entry",
+    "Escape",
+    "Hidden",
+    "ReadOnly",
+    "locate",
+    "open_dir",
+    "root_parts",
+]
 
 MAX_SYMLINKS = 40
 """Symlinks one resolution follows at most, as Linux does (then `ELOOP`)."""
@@ -37,6 +54,14 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class Escape(Exception):
     """The path leads outside the root (`..` above it, or a symlink out)."""
+
+
+class Hidden(Escape):
+    """The path leads into a name the walk treats as outside (`args[0]`)."""
+
+
+class ReadOnly(Exception):
+    """The path leads into, or would create, a read-only name (`args[0]`)."""
 
 
 @dataclass
@@ -100,6 +125,8 @@ def locate(
     *,
     create_dirs: bool = False,
     missing_ok: bool = False,
+    hidden: Collection[str] = (),
+    read_only: Collection[str] = (),
 ) -> Entry:
     """Walk `path` beneath `root_fd` (whose real path is `root`) to its entry.
 
@@ -107,9 +134,14 @@ def locate(
     beneath the root. `create_dirs` makes missing directories on the way
     (mode 0o777 less the umask); `missing_ok` continues past a missing
     directory lexically (for naming a path, never for opening one: the
-    returned `dir_fd` is then the deepest existing directory). Raises
-    `Escape`, `FileNotFoundError` or `NotADirectoryError` (with `path` as the
-    file name), or `OSError(ELOOP)` after `MAX_SYMLINKS` symlinks.
+    returned `dir_fd` is then the deepest existing directory).
+
+    `hidden` names at the root are outside: the walk neither opens nor ends
+    at one (`Hidden`). `read_only` names at the root may be passed through
+    but not created nor ended beneath (`ReadOnly`): pass them when the entry
+    will be written. Raises `Escape`, `FileNotFoundError` or
+    `NotADirectoryError` (with `path` as the file name), or `OSError(ELOOP)`
+    after `MAX_SYMLINKS` symlinks.
     """
     if os.path.isabs(path):
         inside = root_parts(path, root)
@@ -126,6 +158,18 @@ def locate(
 
     def here() -> int:
         return stack[-1] if stack else root_fd
+
+    def enter(part: str) -> None:
+        # `part` is about to be opened, created or returned in `here()`; at
+        # the root it is the first resolved component of where we are going.
+        if not stack and part in hidden:
+            raise Hidden(part)
+
+    def finish(dir_fd: int, name: str) -> Entry:
+        first = (*names, *lexical, name)[0]
+        if first in read_only:
+            raise ReadOnly(first)
+        return _entry(dir_fd, name, (*names, *lexical, name), stack)
 
     def follow(target: str) -> None:
         nonlocal links, pending
@@ -161,11 +205,12 @@ def locate(
             if lexical:
                 lexical.append(part)
                 continue
+            enter(part)
             if not pending:
                 # The last component: follow it if it is a symlink, else stop here.
                 target = _readlink(part, here())
                 if target is None:
-                    return _entry(here(), part, (*names, part), stack)
+                    return finish(here(), part)
                 follow(target)
                 continue
             try:
@@ -177,6 +222,9 @@ def locate(
                     follow(target)
                     continue
                 if create_dirs:
+                    first = (*names, part)[0]
+                    if first in read_only:
+                        raise ReadOnly(first) from None
                     made += 1
                     if made > MAX_SYMLINKS:
                         # Something removes what we make as fast as we make it.
@@ -207,7 +255,7 @@ def locate(
             stack.append(fd)
             names.append(part)
         # The path names a directory (the root, or one ending in `.` or `..`).
-        return _entry(here(), ".", (*names, *lexical), stack)
+        return finish(here(), ".")
     except BaseException:
         for fd in stack:
             os.close(fd)

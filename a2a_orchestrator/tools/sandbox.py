@@ -46,6 +46,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .base import CALL_MARKER_ENV
+from .reserved import READ_ONLY_DIRS, STATE_DIR
 
 __all__ = [
     "HIDE_ENV",
@@ -64,10 +65,6 @@ NETWORK_ENV = "A2A_SANDBOX_NETWORK"
 """`on` lets sandboxed commands use the network."""
 HIDE_ENV = "A2A_SANDBOX_HIDE"
 """More paths commands must not see, separated by `os.pathsep`."""
-STATE_DIR = ".a2a"
-READ_ONLY_DIRS = ("roles", "agents")
-"""Directories of the work directory commands may read but not change."""
-"""The server's directory inside a work directory: stores and configuration."""
 UNSANDBOXED_NOTE = "commands run unsandboxed"
 """How a card and the start-up output say that the operator opted out."""
 

@@ -13,6 +13,12 @@ beneath the root is followed by the same walk (at most `fspath.MAX_SYMLINKS`
 of them); one that leads out, like `..` above the root or an absolute path
 elsewhere, raises `PathOutsideWorkdirError` naming the path.
 
+The server's own names at the root (`reserved.py`) are judged in the same
+walk, after symlinks are resolved: its private state `.a2a/` counts as
+outside (`PathOutsideWorkdirError`; globs never list it, even when they
+name it), and `roles/` and `agents/` may be read but not written nor
+created (`ToolError`).
+
 What this does not cover: a directory a tool call already holds being moved
 out of the work directory by someone who can also write outside it. A
 command run in the sandbox cannot: there the work directory is a bind mount
@@ -32,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from ..errors import ConfigError, PathOutsideWorkdirError
+from ..errors import ConfigError, PathOutsideWorkdirError, ToolError
 from . import fspath
+from .reserved import READ_ONLY_DIRS, STATE_DIR
 
 __all__ = ["Workspace"]
 
@@ -42,6 +49,10 @@ __all__ = ["Workspace"]
 _SKIPPED_DIRS = frozenset({".git"})
 
 _MAGIC = re.compile(r"[*?[]")
+
+# Names at the root that the file tools treat as outside the work directory.
+_HIDDEN = frozenset({STATE_DIR})
+_READ_ONLY = frozenset(READ_ONLY_DIRS)
 
 # A FIFO would block an open for reading; the tools refuse non-regular files
 # after opening, so never wait on one.
@@ -113,33 +124,62 @@ class Workspace:
             "use a path relative to it"
         )
 
-    def locate(self, path: str, *, create_dirs: bool = False) -> fspath.Entry:
+    def _walk(
+        self, path: str, *, create_dirs: bool = False, missing_ok: bool = False, write: bool = False
+    ) -> fspath.Entry:
+        """`fspath.locate` from the root, its refusals turned into tool errors naming `path`."""
+        if "\0" in path:
+            raise PathOutsideWorkdirError(f"Path {path!r} contains a NUL byte")
+        try:
+            return fspath.locate(
+                self._fd(),
+                str(self.root),
+                path,
+                create_dirs=create_dirs,
+                missing_ok=missing_ok,
+                hidden=_HIDDEN,
+                read_only=_READ_ONLY if write or create_dirs else (),
+            )
+        except fspath.Hidden as exc:
+            raise PathOutsideWorkdirError(
+                f"Path {path!r} leads into {exc.args[0]}/, the server's private state "
+                "(task stores, journals, hooks, role files), which is outside the work "
+                f"directory {str(self.root)!r} for file tools; use another path"
+            ) from None
+        except fspath.Escape:
+            raise self._outside(path) from None
+        except fspath.ReadOnly as exc:
+            raise ToolError(
+                f"Path {path!r} leads into {exc.args[0]}/, which holds the orchestrator's "
+                "role and agent configuration and is read-only to agents; "
+                "write somewhere else in the work directory"
+            ) from None
+
+    def locate(self, path: str, *, create_dirs: bool = False, write: bool = False) -> fspath.Entry:
         """The entry `path` names: its directory (a descriptor) and final name.
 
         Relative paths are taken from `root`; an absolute path is accepted
         only when it lies inside `root`. Symlinks are followed while they stay
         inside. `create_dirs` makes missing parent directories. The caller
         closes the entry. Raises `PathOutsideWorkdirError` naming `path` for
-        a path that leads out, `FileNotFoundError` or `NotADirectoryError`
-        when a parent is missing or not a directory.
+        a path that leads out or into the server's `.a2a/`,
+        `FileNotFoundError` or `NotADirectoryError` when a parent is missing
+        or not a directory. With `write` (implied by `create_dirs`), a path
+        into or creating `roles/` or `agents/` at the root is a `ToolError`.
         """
-        if "\0" in path:
-            raise PathOutsideWorkdirError(f"Path {path!r} contains a NUL byte")
-        try:
-            return fspath.locate(self._fd(), str(self.root), path, create_dirs=create_dirs)
-        except fspath.Escape:
-            raise self._outside(path) from None
+        return self._walk(path, create_dirs=create_dirs, write=write)
 
-    def open_file(self, path: str) -> tuple[fspath.Entry, BinaryIO]:
+    def open_file(self, path: str, *, write: bool = False) -> tuple[fspath.Entry, BinaryIO]:
         """`path` opened for reading, and the entry it was found at; close both.
 
         The final open refuses a symlink (`O_NOFOLLOW`): one swapped in after
         the walk sends it round again instead of being followed. The file may
         be a FIFO or another non-regular file; the caller checks `os.fstat`.
-        Raises like `locate`, and `FileNotFoundError` or `IsADirectoryError`.
+        `write` says the caller will replace the file (see `locate`). Raises
+        like `locate`, and `FileNotFoundError` or `IsADirectoryError`.
         """
         for _ in range(fspath.MAX_SYMLINKS):
-            entry = self.locate(path)
+            entry = self.locate(path, write=write)
             try:
                 fd = os.open(entry.name, _FILE_FLAGS, dir_fd=entry.dir_fd)
             except OSError as exc:
@@ -161,15 +201,10 @@ class Workspace:
 
         For showing and comparing paths only: tools open through `locate` and
         `open_file`, never by this name. Missing directories are taken
-        lexically. Raises `PathOutsideWorkdirError` naming `path` otherwise.
+        lexically. Raises `PathOutsideWorkdirError` naming `path` otherwise
+        (also for the server's `.a2a/`).
         """
-        if "\0" in path:
-            raise PathOutsideWorkdirError(f"Path {path!r} contains a NUL byte")
-        try:
-            entry = fspath.locate(self._fd(), str(self.root), path, missing_ok=True)
-        except fspath.Escape:
-            raise self._outside(path) from None
-        with entry:
+        with self._walk(path, missing_ok=True) as entry:
             return self.root.joinpath(*entry.parts)
 
     def relative(self, path: Path | str) -> str:
@@ -195,7 +230,8 @@ class Workspace:
         or wildcard component follows one only while it stays inside, and a
         symlinked file is listed under its own name only when its target is a
         regular file inside. `.git` trees are skipped unless the pattern names
-        `.git`. Raises `PathOutsideWorkdirError` for a pattern that starts
+        `.git`; the server's `.a2a/` is never listed, nor anything that
+        resolves into it. Raises `PathOutsideWorkdirError` for a pattern that starts
         outside (absolute elsewhere, or with `..`), `ValueError` for a `**`
         that is not a whole component.
         """
@@ -207,24 +243,33 @@ class Workspace:
         found: set[str] = set()
         root = os.dup(self._fd())
         try:
-            for rel in self._match(root, (), parts, include_git):
+            for rel in self._match(root, (), (), parts, include_git):
                 found.add("/".join(rel))
         finally:
             os.close(root)
         return sorted(found)
 
     def _match(
-        self, dir_fd: int, at: tuple[str, ...], parts: tuple[str, ...], include_git: bool
+        self,
+        dir_fd: int,
+        at: tuple[str, ...],
+        real: tuple[str, ...],
+        parts: tuple[str, ...],
+        include_git: bool,
     ) -> Iterator[tuple[str, ...]]:
-        """Paths under directory `dir_fd` (reached as `at`) matching `parts`."""
+        """Paths under directory `dir_fd` (reached as `at`, really at `real`) matching `parts`.
+
+        `real` is the directory's path from the root with symlinks resolved:
+        a symlink to the root (`self -> .`) leads back to where `.a2a` is hidden.
+        """
         if not parts:
             return
         head, rest = parts[0], parts[1:]
         if head == "**":
-            yield from self._match(dir_fd, at, rest, include_git)
-            for name, sub in self._subdirs(dir_fd, include_git):
+            yield from self._match(dir_fd, at, real, rest, include_git)
+            for name, sub in self._subdirs(dir_fd, real, include_git):
                 try:
-                    yield from self._match(sub, (*at, name), parts, include_git)
+                    yield from self._match(sub, (*at, name), (*real, name), parts, include_git)
                 finally:
                     os.close(sub)
             return
@@ -234,26 +279,32 @@ class Workspace:
         for entry in entries:
             if entry.name in _SKIPPED_DIRS and not include_git:
                 continue
+            if not real and entry.name in _HIDDEN:
+                continue
             rel = (*at, entry.name)
             if not rest:
                 if self._is_inside_file(entry, rel):
                     yield rel
                 continue
-            child = self._open_subdir(dir_fd, entry, rel)
-            if child is None:
+            opened = self._open_subdir(dir_fd, entry, rel, real)
+            if opened is None:
                 continue
+            child, child_real = opened
             try:
-                yield from self._match(child, rel, rest, include_git)
+                yield from self._match(child, rel, child_real, rest, include_git)
             finally:
                 os.close(child)
 
-    def _subdirs(self, dir_fd: int, include_git: bool) -> Iterator[tuple[str, int]]:
-        """Real subdirectories of `dir_fd`, opened; symlinks are not descended (`**`)."""
+    def _subdirs(
+        self, dir_fd: int, real: tuple[str, ...], include_git: bool
+    ) -> Iterator[tuple[str, int]]:
+        """Real subdirectories of `dir_fd` (really at `real`), opened; no symlinks followed."""
+        skipped = frozenset() if include_git else _SKIPPED_DIRS
+        if not real:
+            skipped |= _HIDDEN
         with os.scandir(dir_fd) as it:
             names = sorted(
-                e.name
-                for e in it
-                if e.is_dir(follow_symlinks=False) and (include_git or e.name not in _SKIPPED_DIRS)
+                e.name for e in it if e.is_dir(follow_symlinks=False) and e.name not in skipped
             )
         for name in names:
             try:
@@ -263,19 +314,22 @@ class Workspace:
                 continue
 
     def _open_subdir(
-        self, dir_fd: int, entry: os.DirEntry[str], rel: tuple[str, ...]
-    ) -> int | None:
-        """A descriptor on directory `entry`, following a symlink only while it stays inside."""
+        self, dir_fd: int, entry: os.DirEntry[str], rel: tuple[str, ...], real: tuple[str, ...]
+    ) -> tuple[int, tuple[str, ...]] | None:
+        """Directory `entry` of `dir_fd` (really at `real`) opened, and its real path.
+
+        A symlink is followed only while it stays inside and out of `.a2a`.
+        """
         if not entry.is_symlink():
             if not entry.is_dir(follow_symlinks=False):
                 return None
             try:
-                return os.open(entry.name, fspath.DIR_FLAGS, dir_fd=dir_fd)
+                return os.open(entry.name, fspath.DIR_FLAGS, dir_fd=dir_fd), (*real, entry.name)
             except OSError:
                 pass  # swapped for a symlink since the scan: resolve it as one
         try:
-            with fspath.locate(self._fd(), str(self.root), "/".join(rel)) as found:
-                return fspath.open_dir(found)
+            with fspath.locate(self._fd(), str(self.root), "/".join(rel), hidden=_HIDDEN) as found:
+                return fspath.open_dir(found), found.parts
         except (fspath.Escape, OSError):
             return None
 
@@ -283,7 +337,7 @@ class Workspace:
         if not entry.is_symlink():
             return entry.is_file(follow_symlinks=False)
         try:
-            with fspath.locate(self._fd(), str(self.root), "/".join(rel)) as found:
+            with fspath.locate(self._fd(), str(self.root), "/".join(rel), hidden=_HIDDEN) as found:
                 mode = os.stat(found.name, dir_fd=found.dir_fd, follow_symlinks=False).st_mode
         except (fspath.Escape, OSError):
             return False
