@@ -29,6 +29,7 @@ from .events import (
     event_from_dict,
     event_to_dict,
 )
+from .executor import CONTROL_TOOL_NAMES
 from .hooks import Hooks, load_hook_file
 from .models import ModelSettings, describe_model, is_scripted, resolve_model
 from .network import AgentSpec, Network
@@ -46,10 +47,11 @@ from .pipeline import (
 from .reactions import Reaction, Reactions, load_reactions
 from .roles import find_role
 from .runner import Liveness, liveness, stop_signal_listener
+from .runtime import ASK_PARENT
 from .server import run_role_server
 from .session import RelayedEvent, Session, keep_out_of_git
 from .store import RunnerRecord, Store
-from .tools import Sandbox
+from .tools import TOOL_NAMES, Sandbox
 from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
 
@@ -175,7 +177,17 @@ def _check_agents(network: Network, agents: list[str], settings: ModelSettings) 
         spec = network.resolve(agent)
         if spec.remote:
             continue  # reached at run time; an unreachable agent fails its pass
-        model = find_role(spec.role).model
+        role = find_role(spec.role)
+        # The check the pass would make when its conversation is built.
+        known = (*TOOL_NAMES, ASK_PARENT, *sorted(CONTROL_TOOL_NAMES))
+        unknown = [name for name in role.tools if name not in known]
+        if unknown:
+            where = f" ({role.source})" if role.source else ""
+            raise OrchestratorError(
+                f"role {role.name!r}{where} lists unknown tools {unknown}; "
+                f"known tools: {', '.join(known)}"
+            )
+        model = role.model
         concrete = {None: settings.default, "default": settings.default, "mini": settings.mini}
         name = concrete.get(model, model) or settings.default
         if settings.offline or name.startswith("scripted"):
