@@ -343,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
+        # Children still running stay `running` in the store: `resume` continues them.
+        print("interrupted", file=sys.stderr)
         return 130
     except BaseException as exc:
         failures = _expected(exc)

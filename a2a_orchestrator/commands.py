@@ -209,6 +209,8 @@ def workdir_of(path: Path) -> Path:
 async def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        raise OrchestratorError(f"--workdir {args.workdir} is not a directory")
     result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args))
     return EXIT_CODES[result.signal]
 

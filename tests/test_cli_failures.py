@@ -178,6 +178,12 @@ CASES: dict[str, Case] = {
     "serve unknown role": Case(["serve", "wizard"], 2, "Unknown role 'wizard'"),
     "missing workdir": Case(["run", "x", "--workdir", "nowhere"], 2, "nowhere does not exist"),
     "missing store": Case(["status", "--store", "none.db"], 2, "no store at none.db"),
+    "demo into a file": Case(
+        ["demo", "--workdir", "notes.txt"],
+        2,
+        "--workdir notes.txt is not a directory",
+        setup=_write("notes.txt", "mine\n"),
+    ),
     "store is not SQLite": Case(
         ["status", "--store", "notes.db"],
         2,

@@ -2,7 +2,7 @@
 work everywhere, `status` says how each run ended, `.a2a/` stays out of git.
 
 Real `run`, `resume` and `serve` processes, a real SQLite store, real
-SIGKILLs; only the model is scripted (A2A_MODEL_SCRIPT). The scripted turn
+SIGKILLs and Ctrl-Cs (SIGINT); only the model is scripted (A2A_MODEL_SCRIPT). The scripted turn
 that holds a pass still is a real sandboxed command waiting for a file, so
 the test knows the pass is under way (the command made `reached`) and lets
 it go (it makes `release`).
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +24,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+
+from a2a_orchestrator.session import Session
+from a2a_orchestrator.store import Store
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 OFFLINE = {
@@ -95,9 +100,11 @@ def role_server(role: str, workdir: Path, env: dict[str, str]) -> Iterator[str]:
             process.wait(timeout=10)
 
 
-def killed_run(work: Path, env: dict[str, str], *args: str) -> str:
-    """Start `run`, SIGKILL it once a pass holds at HOLD, release the hold;
-    the session id."""
+def killed_run(
+    work: Path, env: dict[str, str], *args: str, stop_with: signal.Signals = signal.SIGKILL
+) -> str:
+    """Start `run`, send it `stop_with` once a pass holds at HOLD, release
+    the hold; the session id."""
     process = subprocess.Popen(
         [*CLI, "run", "Build it", *args],
         stdout=subprocess.PIPE,
@@ -108,21 +115,31 @@ def killed_run(work: Path, env: dict[str, str], *args: str) -> str:
     )
     try:
         wait_for(work / "reached", process)
-        process.kill()
-        out, err = process.communicate(timeout=20)
+        process.send_signal(stop_with)
+        out, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
-    assert process.returncode == -9, (out, err)
+    if stop_with == signal.SIGINT:
+        # Ctrl-C: quiet, and the conventional 128 + SIGINT.
+        assert process.returncode == 130 and err.strip() == "interrupted", (out, err)
+    else:
+        assert process.returncode == -stop_with, (out, err)
     (work / "release").touch()
     match = re.search(r"session ([0-9a-f]{32})", out)
     assert match, out + err
     return match.group(1)
 
 
-@pytest.mark.parametrize("transport", ["local", "remote"])
-def test_resume_continues_a_killed_pipeline(transport: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("transport", "stop_with"),
+    [("local", signal.SIGKILL), ("remote", signal.SIGKILL), ("local", signal.SIGINT)],
+    ids=["local-kill", "remote-kill", "local-ctrl-c"],
+)
+def test_resume_continues_a_killed_pipeline(
+    transport: str, stop_with: signal.Signals, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     script = tmp_path / "script.json"
@@ -133,7 +150,7 @@ def test_resume_continues_a_killed_pipeline(transport: str, tmp_path: Path) -> N
     db = work / ".a2a" / "orchestrator.db"
     with contextmanager_if(transport == "remote", role_server, "coder", work, env) as url:
         run_env = {**env, **({"A2A_AGENT_CODER_URL": url} if url else {})}
-        session = killed_run(work, run_env)
+        session = killed_run(work, run_env, stop_with=stop_with)
         before = rows(db, "SELECT role, status FROM children ORDER BY created_at")
         # A short id, and no --workdir: `run` recorded it.
         resumed = cli("resume", session[:8], cwd=work, env=run_env)
@@ -251,3 +268,17 @@ def test_short_ids_status_and_git(tmp_path: Path) -> None:
     assert events.returncode == 0 and all(child in line for line in events.stdout.splitlines())
     assert "input:" in events.stdout and "done" in events.stdout
     assert stop.returncode == 0 and "stopped 0" in stop.stdout
+
+
+@pytest.mark.anyio
+async def test_a_session_keeps_its_state_directories_out_of_git(tmp_path: Path) -> None:
+    # Through the Python API too, not only the CLI: the work directory's
+    # .a2a/ and a store's own .a2a/ elsewhere each get their .gitignore.
+    work = tmp_path / "work"
+    work.mkdir()
+    store = Store(tmp_path / "elsewhere" / ".a2a" / "orchestrator.db")
+    with anyio.fail_after(30):
+        async with Session(store, workdir=work):
+            pass
+    for state in (work / ".a2a", tmp_path / "elsewhere" / ".a2a"):
+        assert (state / ".gitignore").read_text() == "*\n"
