@@ -36,3 +36,22 @@ def test_unknown_hook_point_from_python() -> None:
 def test_missing_hook_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read hook file"):
         load_hook_file(tmp_path / "absent.toml")
+
+
+@pytest.mark.anyio
+async def test_a_hook_that_ignores_its_payload_still_decides(tmp_path: Path) -> None:
+    """A hook that exits without reading stdin used to break the spawn (broken pipe)."""
+    import anyio
+
+    from a2a_orchestrator.hooks import Deny, SpawnInfo
+
+    path = tmp_path / "hooks.toml"
+    path.write_text(
+        "[[hook]]\non = 'spawn.before'\ncommand = \"sh -c 'echo no way >&2; exit 3'\"\n"
+        "[[hook]]\non = 'complete'\ncommand = 'no-such-command-here'\n"
+    )
+    hooks = load_hook_file(path)
+    info = SpawnInfo(session_id="s", parent_id="p", role="coder", prompt="x" * 1_000_000)
+    with anyio.fail_after(10):
+        verdict = await hooks.before_spawn(info)
+    assert verdict == Deny("no way")
