@@ -12,8 +12,8 @@ from the code.
   whatever listens on 9100.
 - TOML blocks are loaded by the loader of the file they document (agents,
   hooks, reactions); the hooks example also runs its commands.
-- The role example (the ```markdown block) is loaded as a role file and
-  given a conversation, which checks its tools.
+- The role examples (```markdown blocks) are loaded as role files; the
+  full one is given a conversation, which checks its tools.
 
 A block of a kind this file does not know fails `test_every_block_is_tested`.
 """
@@ -71,7 +71,7 @@ def one_block(language: str, marker: str) -> str:
 # Which test covers which block, by a string only that block contains.
 PYTHON = {"client": "A2ACardResolver", "session": "session.spawn_child("}
 TOML = {"agents": 'url = "http://coder:9102"', "hooks": "[[hook]]", "reactions": "[[reaction]]"}
-MARKDOWN = {"role": "name: coder"}
+MARKDOWN = {"role": "name: coder", "model limits": "model_timeout:"}
 
 
 def test_every_block_is_tested() -> None:
@@ -256,3 +256,18 @@ def test_the_role_example_loads_and_gets_its_tools(tmp_path: Path) -> None:
         role, ScriptedModel([{"text": "ok"}]), Workspace(tmp_path), sandbox=Sandbox.from_env()
     )
     assert conversation is not None
+
+
+def test_the_model_limits_role_example_loads(tmp_path: Path) -> None:
+    # It has no `name`: the file name gives it, as for the architect here.
+    roles = tmp_path / "roles"
+    roles.mkdir()
+    (roles / "architect.md").write_text(one_block("markdown", MARKDOWN["model limits"]))
+    role = find_role("architect", cwd=tmp_path)
+    assert (role.name, role.model, role.model_timeout, role.model_retries) == (
+        "architect",
+        "o3",
+        300,
+        1,
+    )
+    assert role.prompt.startswith("You are the architect")
