@@ -725,7 +725,8 @@ async def _resume(args: argparse.Namespace) -> int:
     # The work directory `run` recorded, unless told another.
     workdir = workdir_of(args.workdir or Path(metadata.get("workdir", ".")))
     settings, models = _settings_and_models()
-    if metadata.get(PROGRESS_KEY):
+    if (metadata.get(PROGRESS_KEY) or {}).get("state") == "running":
+        # A pipeline to continue: its passes' configuration is checked first, as for `run`.
         _check_agents(Network.load(), list(PIPELINE_PASSES), settings)
     hooks = _hooks(None, workdir / ".a2a")
     rules = _reaction_rules(workdir / ".a2a")
