@@ -8,9 +8,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 
+from ._version import __version__
 from .commands import ASYNC_COMMANDS, DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES
 from .errors import OrchestratorError
 from .up import up
@@ -19,6 +21,50 @@ __all__ = ["DEFAULT_PORTS", "EXIT_CODES", "build_parser", "main"]
 
 
 # -- the parser ---------------------------------------------------------------------
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 1 (`--review-rounds`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is not in 0..65535")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (`--wait`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    """A positive, finite number (`--max-memory-mb`, `--body-timeout`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
 
 
 def _store_option(parser: argparse.ArgumentParser) -> None:
@@ -45,13 +91,21 @@ def _sandbox_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SESSION_HELP = "session id, or any unique prefix of one"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a2a-orchestrator",
         description="An A2A agent network: role agents as A2A servers, and an orchestrator "
         "that delegates to them, remote or in-process, through one interface.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log more, with tracebacks of failures"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = commands.add_parser(
@@ -90,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --parent: the parent's role (orchestrator, observer, or your own)",
     )
     run.add_argument("--session", default=None, help="session id (default: a new one)")
-    run.add_argument("--review-rounds", type=int, default=1, help="reviews before giving up")
+    run.add_argument(
+        "--review-rounds", type=_count, default=1, help="reviews before giving up (at least 1)"
+    )
     run.add_argument("--hooks", type=Path, default=None, help="hook file (default .a2a/hooks.toml)")
     _store_option(run)
     _sandbox_options(run)
@@ -108,7 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     serve.add_argument(
-        "--port", type=int, default=None, help="port (default: 9100-9104 for the shipped ones)"
+        "--port",
+        type=_port,
+        default=None,
+        help="port, 0 for any free one (default: 9100-9104 for the shipped ones, else 9110)",
     )
     serve.add_argument(
         "--db",
@@ -137,14 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-memory-mb",
-        type=float,
+        type=_positive,
         default=None,
         help="size of the conversations kept in memory; the oldest idle ones are "
         "rebuilt from the task store (default: $A2A_MAX_MEMORY_MB or 256)",
     )
     serve.add_argument(
         "--body-timeout",
-        type=float,
+        type=_positive,
         default=None,
         help="seconds a client has to send a request body, else 408 "
         "(default: $A2A_BODY_TIMEOUT or 30)",
@@ -162,20 +221,22 @@ def build_parser() -> argparse.ArgumentParser:
         "stop them all on Ctrl-C.",
     )
     up.add_argument("--workdir", type=Path, default=Path("."), help="the work directory")
-    up.add_argument("--port", type=int, default=9100, help="the orchestrator's port")
+    up.add_argument("--port", type=_port, default=9100, help="the orchestrator's port")
     _sandbox_options(up)
 
     status = commands.add_parser(
         "status",
         help="list the sessions in the store",
-        description="List the sessions in the store with their children's states.",
+        description="List the sessions in the store: id, start, signal (the run's TASK_* "
+        "signal; `error` for a pipeline that failed, `unfinished` for one that has not "
+        "ended), their children's states, the process that runs or ran each, and the title.",
     )
     _store_option(status)
 
     children = commands.add_parser(
         "children", help="list a session's children", description="List a session's children."
     )
-    children.add_argument("session", metavar="SESSION", help="session id")
+    children.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     _store_option(children)
 
     events = commands.add_parser(
@@ -183,9 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a session's event log",
         description="Show a session's event log, or write it as JSON lines.",
     )
-    events.add_argument("session", metavar="SESSION", help="session id")
+    events.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     events.add_argument("--jsonl", action="store_true", help="one JSON object per line")
-    events.add_argument("--child", default=None, help="only this child's events")
+    events.add_argument(
+        "--child", default=None, help="only this child's events (its id or a unique prefix)"
+    )
     _store_option(events)
 
     stop = commands.add_parser(
@@ -198,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         "children get CancelTask). Exit 0 when stopped, 1 when the runner cannot be reached "
         "(another host, hung, no confirmation within --wait: nothing is recorded).",
     )
-    stop.add_argument("session", metavar="SESSION", help="session id")
+    stop.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     stop.add_argument(
         "--server", default="http://127.0.0.1:9100", help="the orchestrator server to ask first"
     )
@@ -209,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         default=10.0,
         help="seconds to wait for the session's runner to confirm the stop (10)",
     )
@@ -217,40 +280,80 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = commands.add_parser(
         "resume",
-        help="resume a session's unfinished children",
-        description="Resume SESSION's unfinished children (local ones from their transcripts, "
-        "remote ones re-attached) and follow them until they finish.",
+        help="resume a session: its pipeline, or its unfinished children",
+        description="Resume SESSION after a crash. A pipeline continues from its first "
+        "unfinished pass (the pass under way resumes its child; finished passes are not run "
+        "again), writes its artifacts and exits with its signal like `run`. Otherwise its "
+        "unfinished children resume (local ones from their transcripts, remote ones "
+        "re-attached) until they finish; exit 1 if one failed.",
     )
-    resume.add_argument("session", metavar="SESSION", help="session id")
-    resume.add_argument("--workdir", type=Path, default=Path("."), help="the project directory")
+    resume.add_argument("session", metavar="SESSION", help=SESSION_HELP)
+    resume.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="the project directory (default: the one `run` recorded, else .)",
+    )
     _store_option(resume)
     _sandbox_options(resume)
     return parser
 
 
+class _BriefFormatter(logging.Formatter):
+    """Log records without tracebacks: a failure a log line reports (a child
+    whose agent answered badly) is one line naming the error; `-v` shows the
+    traceback."""
+
+    def formatException(self, ei: Any) -> str:
+        exc = ei[1]
+        return f"  ({type(exc).__name__}: {exc}; -v shows the traceback)" if exc else ""
+
+
+def _expected(exc: BaseException) -> list[BaseException] | None:
+    """The expected failures `exc` is made of (an ExceptionGroup from a task
+    group may wrap them), or None when any part of it is not one."""
+    if isinstance(exc, BaseExceptionGroup):
+        found: list[BaseException] = []
+        for inner in exc.exceptions:
+            parts = _expected(inner)
+            if parts is None:
+                return None
+            found.extend(parts)
+        return found
+    return [exc] if isinstance(exc, OrchestratorError | OSError) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit code (see `EXIT_CODES`; 2: bad usage or
+    configuration, 130: interrupted). Expected failures are one line on
+    stderr, never a traceback."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
+    handler = logging.StreamHandler()
+    log_format = "%(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(
+        logging.Formatter(log_format) if args.verbose else _BriefFormatter(log_format)
     )
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
         if args.command == "up":
             return up(args)
         return int(anyio.run(ASYNC_COMMANDS[args.command], args))
-    except OrchestratorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except OSError as exc:
-        # Typically a port that is taken; say which.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
+        # Children still running stay `running` in the store: `resume` continues them.
+        print("interrupted", file=sys.stderr)
         return 130
+    except BaseException as exc:
+        failures = _expected(exc)
+        if failures is None:
+            raise  # a bug: its traceback is what a report needs
+        for failure in failures:
+            # An OSError is typically a port that is taken; it says which.
+            print(f"error: {failure}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -28,11 +29,13 @@ from .events import (
     event_from_dict,
     event_to_dict,
 )
+from .executor import CONTROL_TOOL_NAMES
 from .hooks import Hooks, load_hook_file
 from .models import ModelSettings, describe_model, is_scripted, resolve_model
 from .network import AgentSpec, Network
 from .parent import ParentAgent
 from .pipeline import (
+    PROGRESS_KEY,
     Brief,
     PassOptions,
     Pipeline,
@@ -44,10 +47,11 @@ from .pipeline import (
 from .reactions import Reaction, Reactions, load_reactions
 from .roles import find_role
 from .runner import Liveness, liveness, stop_signal_listener
+from .runtime import ASK_PARENT
 from .server import run_role_server
-from .session import Session
+from .session import RelayedEvent, Session, keep_out_of_git
 from .store import RunnerRecord, Store
-from .tools import Sandbox
+from .tools import TOOL_NAMES, Sandbox
 from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
 
@@ -123,6 +127,75 @@ def _existing_store(path: Path) -> Store:
     return Store(path)
 
 
+def _new_store(path: Path) -> Store:
+    """The store a command writes; a `.a2a` directory made for it is kept out of git."""
+    if path.parent.name == ".a2a":
+        keep_out_of_git(path.parent)
+    return Store(path)
+
+
+async def session_id_of(store: Store, given: str, where: Path, *, missing_ok: bool = False) -> str:
+    """The session `given` names: its id, or any unique prefix of one (the
+    tree and `status` print short ids). One it does not name at all is an
+    error, or (`missing_ok`) `given` itself."""
+    if await store.get_session(given) is not None:
+        return given
+    matches = [row["id"] for row in await store.list_sessions() if row["id"].startswith(given)]
+    if len(matches) == 1:
+        return str(matches[0])
+    if not matches:
+        if missing_ok:
+            return given
+        raise OrchestratorError(f"no session {given!r} in {where}")
+    more = f" and {len(matches) - 10} more" if len(matches) > 10 else ""
+    raise OrchestratorError(
+        f"session {given!r} is ambiguous in {where}: it starts {len(matches)} sessions "
+        f"({', '.join(matches[:10])}{more}); give more of the id"
+    )
+
+
+async def _child_id_of(store: Store, session_id: str, given: str) -> str:
+    """A child of the session by its id or a unique prefix (the tree prints six characters)."""
+    ids = [record.child_id for record in await store.list_children(session_id=session_id)]
+    if given in ids:
+        return given
+    matches = [child_id for child_id in ids if child_id.startswith(given)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise OrchestratorError(f"session {session_id} has no child {given!r}")
+    raise OrchestratorError(
+        f"child {given!r} is ambiguous: it starts {', '.join(matches)}; give more of the id"
+    )
+
+
+def _check_agents(network: Network, agents: list[str], settings: ModelSettings) -> None:
+    """Each agent resolves, and each in-process one's role file and model
+    script load: bad configuration is a clear error (exit 2) before anything
+    runs, not a failed pass halfway through."""
+    for agent in agents:
+        spec = network.resolve(agent)
+        if spec.remote:
+            continue  # reached at run time; an unreachable agent fails its pass
+        role = find_role(spec.role)
+        # The check the pass would make when its conversation is built.
+        known = (*TOOL_NAMES, ASK_PARENT, *sorted(CONTROL_TOOL_NAMES))
+        unknown = [name for name in role.tools if name not in known]
+        if unknown:
+            where = f" ({role.source})" if role.source else ""
+            raise OrchestratorError(
+                f"role {role.name!r}{where} lists unknown tools {unknown}; "
+                f"known tools: {', '.join(known)}"
+            )
+        model = role.model
+        concrete = {None: settings.default, "default": settings.default, "mini": settings.mini}
+        name = concrete.get(model, model) or settings.default
+        if settings.offline or name.startswith("scripted"):
+            # Only scripted models are built here: they read their file and
+            # hold nothing open, where a client for an endpoint would.
+            resolve_model(model, settings)
+
+
 def workdir_of(path: Path) -> Path:
     resolved = path.resolve()
     if not resolved.is_dir():
@@ -136,6 +209,8 @@ def workdir_of(path: Path) -> Path:
 async def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        raise OrchestratorError(f"--workdir {args.workdir} is not a directory")
     result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args))
     return EXIT_CODES[result.signal]
 
@@ -151,19 +226,23 @@ def _reactions(plane: ControlPlane, rules: list[Reaction]) -> Reactions | None:
 
 async def _run(args: argparse.Namespace) -> int:
     workdir = workdir_of(args.workdir)
+    if not args.task.strip():
+        raise OrchestratorError("TASK is empty: say what to do")
     if args.session is not None and not SESSION_ID.fullmatch(args.session):
         raise OrchestratorError(
             f"session id {args.session!r}: use 1-128 letters, digits, '.', '_' or '-'"
         )
+    settings, models = _settings_and_models()
+    # Configuration is read before anything starts, so a bad file is a clear error.
     if args.parent:
         find_role(args.role)  # an unknown role is a clear error before anything starts
-    settings, models = _settings_and_models()
-    _model_notice(settings)
-    # Configuration is read before anything starts, so a bad file is a clear error.
+    else:
+        _check_agents(Network.load(), list(PIPELINE_PASSES), settings)
     hooks = _hooks(args.hooks, workdir / ".a2a")
     rules = _reaction_rules(workdir / ".a2a")
+    _model_notice(settings)
     sandbox = sandbox_of(args)
-    store = Store(args.store)
+    store = _new_store(args.store)
     async with Session(
         store,
         workdir=workdir,
@@ -172,34 +251,69 @@ async def _run(args: argparse.Namespace) -> int:
         title=args.task,
         sandbox=sandbox,
     ) as session:
+        # `resume` finds the work directory here when it is not given one.
+        await store.set_session_metadata(session.id, "workdir", str(workdir))
         say(f"session {session.id}  (a2a-orchestrator events {session.id})")
         if args.parent:
             return await _run_parent(args, session, models, hooks, rules)
-        plane = ControlPlane(session, hooks=hooks)
-        reactions = _reactions(plane, rules)
         brief = Brief(task=TaskSpec(id=session.id[:8], title=args.task[:80], description=args.task))
-        tree = LiveTree(
-            f"pipeline  session {session.id[:8]}", expected=["architect", "coder", "reviewer"]
-        )
         pipeline = Pipeline(session, brief, PassOptions(review_rounds=args.review_rounds))
-        # A stop request cancels the pipeline first, so no pass starts after it.
-        session.add_stop_listener(pipeline.cancel)
-        try:
-            async with session.relay() as relay:
-                result = await tree.follow_while(relay, pipeline.run())
-        except PipelineError as exc:
-            say(f"\npipeline failed: {exc}")
-            if session.stop_requested:
-                say(STOPPED_LINE)
-            return 1
-        finally:
-            if reactions is not None:
-                reactions.close()
-            plane.close()
-        if not tree.live:
-            tree.draw()
-        say(f"\nsignal: {result.signal}   artifacts: {workdir / result.artifact_dir}")
-        return EXIT_CODES[result.signal]
+        return await _follow_pipeline(session, pipeline, hooks, rules, workdir)
+
+
+PIPELINE_PASSES = ("architect", "coder", "reviewer")
+
+
+async def _follow_pipeline(
+    session: Session,
+    pipeline: Pipeline,
+    hooks: Hooks,
+    rules: list[Reaction],
+    workdir: Path,
+    *,
+    resume: bool = False,
+) -> int:
+    """Run (or, `resume`, continue) `pipeline` with its live tree; the exit
+    code is its signal."""
+    plane = ControlPlane(session, hooks=hooks)
+    reactions = _reactions(plane, rules)
+    tree = LiveTree(f"pipeline  session {session.id[:8]}", expected=list(PIPELINE_PASSES))
+    # A stop request cancels the pipeline first, so no pass starts after it.
+    session.add_stop_listener(pipeline.cancel)
+    try:
+        async with session.relay() as relay:
+            if resume:
+                # The passes that had finished show as they ended; then the
+                # unfinished children (the pass under way among them) resume
+                # inside the relay, so the tree sees their events.
+                for _name, child_id, output in pipeline.recorded:
+                    record = await session.store.get_child(child_id)
+                    if output is not None and record is not None:
+                        tree.show_earlier(
+                            RelayedEvent(
+                                child_id=child_id,
+                                parent_id="",
+                                agent=record.agent or record.role,
+                                role=record.role,
+                                transport=record.transport,
+                                event=output,
+                            )
+                        )
+                await session.recover()
+            result = await tree.follow_while(relay, pipeline.run())
+    except PipelineError as exc:
+        say(f"\npipeline failed: {exc}")
+        if session.stop_requested:
+            say(STOPPED_LINE)
+        return 1
+    finally:
+        if reactions is not None:
+            reactions.close()
+        plane.close()
+    if not tree.live:
+        tree.draw()
+    say(f"\nsignal: {result.signal}   artifacts: {workdir / result.artifact_dir}")
+    return EXIT_CODES[result.signal]
 
 
 async def _run_parent(
@@ -244,13 +358,18 @@ async def _run_parent(
     say("\n" + text)
     if session.stop_requested:
         say(STOPPED_LINE)
-    if not isinstance(outcome, Done):
-        return 1
-    return EXIT_CODES[extract_signal(text) or "TASK_DONE"]
+    signal: Signal = "TASK_FAILED"
+    if isinstance(outcome, Done):
+        signal = extract_signal(text) or "TASK_DONE"
+    # `status` shows it, as it shows a pipeline's.
+    await session.store.set_session_metadata(session.id, "signal", signal)
+    return EXIT_CODES[signal]
 
 
 async def _serve(args: argparse.Namespace) -> int:
     workdir = workdir_of(args.workdir)
+    # A role server keeps its journal (and by default its task store) there.
+    keep_out_of_git(workdir / ".a2a")
     settings, models = _settings_and_models()
     port = args.port if args.port is not None else DEFAULT_PORTS.get(args.role, 9110)
     if not 0 <= port <= 65535:
@@ -349,11 +468,26 @@ def _server_limits(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _signal_of(metadata: dict[str, Any]) -> str:
+    """What `status` says of a session's outcome: the run's TASK_* signal, else
+    `error` (a pipeline that failed), `unfinished` (one that has not ended) or `-`."""
+    pipeline = metadata.get(PROGRESS_KEY) or {}
+    signal = metadata.get("signal") or pipeline.get("signal")
+    if signal:
+        return str(signal)
+    if pipeline.get("state") == "failed":
+        return "error"
+    return "unfinished" if pipeline else "-"
+
+
 async def _status(args: argparse.Namespace) -> int:
     store = _existing_store(args.store)
     sessions = await store.list_sessions()
     if not sessions:
         say("no sessions")
+        store.close()
+        return 0
+    rows = []
     for session in sessions:
         records = await store.list_children(session_id=session["id"])
         counts: dict[str, int] = {}
@@ -362,35 +496,46 @@ async def _status(args: argparse.Namespace) -> int:
         states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no children"
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(session["created_at"]))
         runner = await store.get_runner(session["id"])
-        ran = f"  [{_runner_name(runner)}: {liveness(runner)}]" if runner else ""
-        say(f"{session['id']}  {started}  {states}  {session['title'][:60]}{ran}")
+        ran = f"{_runner_name(runner)}: {liveness(runner)}" if runner else "-"
+        title = " ".join(session["title"].split())
+        title = title if len(title) <= 50 else title[:49] + "…"
+        rows.append((session["id"], started, _signal_of(session["metadata"]), states, ran, title))
     store.close()
+    header = ("SESSION", "STARTED", "SIGNAL", "CHILDREN", "RUNNER", "TITLE")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        say("  ".join([*cells, row[-1]]).rstrip())
     return 0
 
 
 async def _children(args: argparse.Namespace) -> int:
     store = _existing_store(args.store)
-    if await store.get_session(args.session) is None:
-        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
-    for record in await store.list_children(session_id=args.session):
-        where = record.url or "in-process"
-        detail = f" ({record.reason})" if record.reason else ""
-        say(
-            f"{record.child_id}  {record.agent or record.role:<12} {record.status}{detail:<12} "
-            f"{where}  {' '.join(record.result.split())[:60]}"
-        )
-    store.close()
+    try:
+        session_id = await session_id_of(store, args.session, args.store)
+        for record in await store.list_children(session_id=session_id):
+            where = record.url or "in-process"
+            detail = f" ({record.reason})" if record.reason else ""
+            say(
+                f"{record.child_id}  {record.agent or record.role:<12} {record.status}"
+                f"{detail:<12} {where}  {' '.join(record.result.split())[:60]}"
+            )
+    finally:
+        store.close()
     return 0
 
 
 async def _events(args: argparse.Namespace) -> int:
     store = _existing_store(args.store)
-    if await store.get_session(args.session) is None:
-        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
-    if args.jsonl and args.child is None:
-        await store.export_jsonl(args.session, sys.stdout)
-    else:
-        for event in await store.events(args.session, child_id=args.child):
+    try:
+        session_id = await session_id_of(store, args.session, args.store)
+        child = None
+        if args.child is not None:
+            child = await _child_id_of(store, session_id, args.child)
+        if args.jsonl and child is None:
+            await store.export_jsonl(session_id, sys.stdout)
+            return 0
+        for event in await store.events(session_id, child_id=child):
             if args.jsonl:
                 say(json.dumps(event.as_json(), ensure_ascii=False))
                 continue
@@ -404,11 +549,17 @@ async def _events(args: argparse.Namespace) -> int:
                 detail = detail or event.payload.get("error", "")
                 line = f"{event.kind}: {' '.join(str(detail).split())[:100]}"
             say(f"{event.seq:>5}  {who:<12} {line}")
-    store.close()
+    finally:
+        store.close()
     return 0
 
 
 async def _stop(args: argparse.Namespace) -> int:
+    if args.store.exists():
+        # A short id is resolved here; the server's API takes whole ids. An
+        # id this store does not know may still be the server's.
+        with contextlib.closing(Store(args.store)) as local:
+            args.session = await session_id_of(local, args.session, args.store, missing_ok=True)
     token = os.environ.get(args.token_env)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = f"{args.server}/api/sessions/{args.session}/subagents/stop"
@@ -567,15 +718,33 @@ async def _stop_without_runner(store: Store, session_id: str) -> int:
 
 
 async def _resume(args: argparse.Namespace) -> int:
-    workdir = workdir_of(args.workdir)
-    _, models = _settings_and_models()
     store = _existing_store(args.store)
-    if await store.get_session(args.session) is None:
-        raise OrchestratorError(f"no session {args.session!r} in {args.store}")
+    session_id = await session_id_of(store, args.session, args.store)
+    row = await store.get_session(session_id) or {}
+    metadata = row.get("metadata", {})
+    # The work directory `run` recorded, unless told another.
+    workdir = workdir_of(args.workdir or Path(metadata.get("workdir", ".")))
+    settings, models = _settings_and_models()
+    if (metadata.get(PROGRESS_KEY) or {}).get("state") == "running":
+        # A pipeline to continue: its passes' configuration is checked first, as for `run`.
+        _check_agents(Network.load(), list(PIPELINE_PASSES), settings)
+    hooks = _hooks(None, workdir / ".a2a")
+    rules = _reaction_rules(workdir / ".a2a")
     sandbox = sandbox_of(args)
     async with Session(
-        store, workdir=workdir, models=models, session_id=args.session, sandbox=sandbox
+        store, workdir=workdir, models=models, session_id=session_id, sandbox=sandbox
     ) as session:
+        pipeline = await Pipeline.restore(session)
+        if pipeline is not None:
+            if pipeline.state == "done" and pipeline.signal is not None:
+                say(f"nothing to resume: the pipeline had ended with {pipeline.signal}")
+                say(f"signal: {pipeline.signal}   artifacts: {workdir / pipeline.artifact_dir}")
+                return EXIT_CODES[pipeline.signal]
+            if pipeline.finished:
+                say(f"nothing to resume: the pipeline had failed: {pipeline.error}")
+                return 1
+            say(f"resuming the pipeline of session {session.id}")
+            return await _follow_pipeline(session, pipeline, hooks, rules, workdir, resume=True)
         tree = LiveTree(f"resume  session {session.id[:8]}")
         async with session.relay() as relay:
             handles = await session.recover()

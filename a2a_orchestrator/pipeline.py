@@ -21,12 +21,14 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
+import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import anyio
 
@@ -37,6 +39,7 @@ from .models.base import Usage
 from .session import Session
 
 __all__ = [
+    "PROGRESS_KEY",
     "SIGNALS",
     "Brief",
     "PassOptions",
@@ -53,6 +56,8 @@ __all__ = [
 
 Signal: TypeAlias = Literal["TASK_DONE", "TASK_FAILED", "TASK_SKIPPED"]
 SIGNALS: tuple[Signal, ...] = ("TASK_DONE", "TASK_FAILED", "TASK_SKIPPED")
+PROGRESS_KEY = "pipeline"
+"""The session metadata key under which a run records itself (see `Pipeline`)."""
 
 
 class PipelineError(OrchestratorError):
@@ -180,7 +185,15 @@ REVIEWER_ASK = (
 
 
 class Pipeline:
-    """One pipeline run; `cancel()` stops it before its next pass."""
+    """One pipeline run; `cancel()` stops it before its next pass.
+
+    The run records itself in its session's metadata (`PROGRESS_KEY`): the
+    brief, the options, each pass's child id once chosen and its output once
+    it has one, and how the run ended. `Pipeline.restore(session)` rebuilds
+    an interrupted run from that record, and `run()` then continues from its
+    first unfinished pass: a finished pass's output is reused, a pass whose
+    child was still running is recovered and its result used.
+    """
 
     def __init__(self, session: Session, brief: Brief, options: PassOptions | None = None) -> None:
         self.session = session
@@ -190,6 +203,65 @@ class Pipeline:
         self._current: ChildHandle | None = None
         self.passes: dict[str, ChildHandle] = {}
         """The child of each pass, by pass name (`coder` is the coder's conversation)."""
+        self._steps: list[dict[str, Any]] = []
+        """The passes so far, in order (a review round adds a coder and a reviewer step)."""
+        self._next = 0
+        self._child_ids: dict[str, str] = {}
+        self.state = "new"
+        """`new` (not run yet), `running`, `done` or `failed`: as recorded."""
+        self.signal: Signal | None = None
+        """The signal of a run that ended `done`."""
+        self.error = ""
+        """What ended a `failed` run."""
+        self.artifact_dir = ""
+        """Where a `done` run wrote its artifacts, relative to the work directory."""
+
+    @classmethod
+    async def restore(cls, session: Session) -> Pipeline | None:
+        """The pipeline run recorded in `session`, ready to continue with
+        `run()`; None when the session has none. A record that cannot be read
+        is a `PipelineError`."""
+        row = await session.store.get_session(session.id)
+        record = (row or {}).get("metadata", {}).get(PROGRESS_KEY)
+        if not record:
+            return None
+        try:
+            brief = dict(record["brief"])
+            task = TaskSpec(**brief.pop("task"))
+            pipeline = cls(session, Brief(task=task, **brief), PassOptions(**record["options"]))
+            steps = [dict(step) for step in record["steps"]]
+            for step in steps:
+                if not isinstance(step["pass"], str) or not isinstance(step["child_id"], str):
+                    raise TypeError("a step needs a pass name and a child id")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PipelineError(
+                f"session {session.id}: its pipeline record cannot be read ({exc})"
+            ) from exc
+        pipeline._steps = steps
+        pipeline.state = record.get("state", "running")
+        pipeline.signal = record.get("signal")
+        pipeline.error = record.get("error", "")
+        pipeline.artifact_dir = record.get("artifact_dir", "")
+        return pipeline
+
+    @property
+    def recorded(self) -> list[tuple[str, str, Done | None]]:
+        """Each step so far: its pass, its child id, and its output once it has one."""
+        return [
+            (
+                step["pass"],
+                step["child_id"],
+                Done(text=step["text"], usage=Usage(**step.get("usage", {})))
+                if "text" in step
+                else None,
+            )
+            for step in self._steps
+        ]
+
+    @property
+    def finished(self) -> bool:
+        """The run ended (`done` or `failed`): there is nothing to continue."""
+        return self.state in ("done", "failed")
 
     async def cancel(self) -> None:
         self._cancelled = True
@@ -209,6 +281,17 @@ class Pipeline:
             timeout=self.options.timeout,
         )
 
+    async def _save(self, **outcome: Any) -> None:
+        """Write the run's record; a crash after this loses nothing recorded."""
+        record = {
+            "brief": dataclasses.asdict(self.brief),
+            "options": dataclasses.asdict(self.options),
+            "steps": self._steps,
+            "state": self.state,
+            **outcome,
+        }
+        await self.session.store.set_session_metadata(self.session.id, PROGRESS_KEY, record)
+
     async def _finish(self, name: str, handle: ChildHandle) -> Done:
         self._current = handle
         try:
@@ -225,24 +308,110 @@ class Pipeline:
             raise PipelineError(f"{name} pass: returned empty output")
         return outcome
 
-    async def _pass(self, name: str, agent: str, prompt: str) -> Done:
-        self._check(name)
-        try:
-            handle = await self.session.spawn(self._config(agent, prompt))
-        except OrchestratorError as exc:
-            raise PipelineError(f"{name} pass: {exc}") from exc
-        self.passes[name] = handle
-        return await self._finish(name, handle)
+    async def _pass(self, name: str, agent: str, prompt: str, *, again: bool = False) -> Done:
+        """One step: a new child for pass `name`, or (`again`) a follow-up in
+        the conversation that pass already has. A step the record shows
+        finished is not run again."""
+        index = self._next
+        self._next += 1
+        if index < len(self._steps):
+            step = self._steps[index]
+            if step["pass"] != name:
+                raise PipelineError(
+                    f"{name} pass: the recorded run had {step['pass']} here; it cannot continue"
+                )
+            self._child_ids[name] = step["child_id"]
+            output = self.recorded[index][2]
+            if output is not None:
+                return output
+            self._check(name)
+            handle = await self._reattach(index, name, agent, prompt, again=again)
+        else:
+            self._check(name)
+            # The child id is chosen and recorded before the child exists, so
+            # a crash at any point after leaves a step `restore` can find.
+            child_id = self._child_ids[name] if again else uuidlib.uuid4().hex[:12]
+            self._steps.append({"pass": name, "child_id": child_id})
+            self._child_ids[name] = child_id
+            await self._save()
+            handle = await self._start(name, agent, child_id, prompt, again=again)
+        done = await self._finish(name, handle)
+        self._steps[index].update(text=done.text, usage=done.usage.as_dict())
+        await self._save()
+        return done
 
-    async def _again(self, name: str, handle: ChildHandle, prompt: str) -> Done:
-        self._check(name)
+    async def _start(
+        self, name: str, agent: str, child_id: str, prompt: str, *, again: bool
+    ) -> ChildHandle:
         try:
-            await handle.send(prompt)
+            if again:
+                handle = await self._handle(name, child_id)
+                await handle.send(prompt)
+            else:
+                handle = await self.session.spawn(self._config(agent, prompt), child_id=child_id)
+        except PipelineError:
+            raise
         except Exception as exc:
             raise PipelineError(f"{name} pass: {exc}") from exc
-        return await self._finish(name, handle)
+        self.passes[name] = handle
+        return handle
+
+    async def _handle(self, name: str, child_id: str) -> ChildHandle:
+        handle = self.passes.get(name)
+        if handle is not None and handle.child_id == child_id:
+            return handle
+        try:
+            handle = await self.session.child(child_id)
+        except KeyError:
+            raise PipelineError(f"{name} pass: its child {child_id} is not in the store") from None
+        self.passes[name] = handle
+        return handle
+
+    async def _reattach(
+        self, index: int, name: str, agent: str, prompt: str, *, again: bool
+    ) -> ChildHandle:
+        """The child of step `index`, under way when the run was interrupted:
+        recovered (the session resumes it if the store says it was running),
+        and given the step's prompt if it never got it."""
+        child_id = self._steps[index]["child_id"]
+        record = await self.session.store.get_child(child_id)
+        if record is None:
+            if again:
+                raise PipelineError(f"{name} pass: its child {child_id} is not in the store")
+            # Interrupted between recording the step and spawning its child.
+            return await self._start(name, agent, child_id, prompt, again=False)
+        try:
+            handle = await self._handle(name, child_id)
+        except OrchestratorError as exc:
+            raise PipelineError(f"{name} pass: {exc}") from exc
+        if again:
+            # Each step of this child gave it one input (its prompt, then a
+            # follow-up per round): fewer stored means this one never got there.
+            given = sum(1 for step in self._steps[: index + 1] if step["child_id"] == child_id)
+            stored = await self.session.store.events(self.session.id, child_id=child_id)
+            if sum(1 for event in stored if event.kind == "input") < given:
+                await handle.send(prompt)
+        return handle
 
     async def run(self) -> PipelineResult:
+        """Run (or continue) the pipeline; see the module docstring."""
+        if self.finished:
+            raise PipelineError(f"the pipeline already ended ({self.state})")
+        self.state = "running"
+        try:
+            result = await self._run()
+        except PipelineError as exc:
+            self.state = "failed"
+            self.error = str(exc)
+            await self._save(error=self.error)
+            raise
+        self.state = "done"
+        self.signal = result.signal
+        self.artifact_dir = result.artifact_dir
+        await self._save(signal=result.signal, artifact_dir=result.artifact_dir)
+        return result
+
+    async def _run(self) -> PipelineResult:
         brief = self.brief.render()
         usage = Usage()
         design = await self._pass(
@@ -264,18 +433,20 @@ class Pipeline:
         for _round in range(1, self.options.review_rounds):
             if extract_signal(review.text) != "TASK_FAILED":
                 break
-            code = await self._again(
+            code = await self._pass(
                 "coder",
-                self.passes["coder"],
+                self.options.coder,
                 f"The reviewer sent the task back. Fix what it found, run the tests, "
                 f"and end with one signal line.\n\n# Review\n\n{review.text}",
+                again=True,
             )
             usage += code.usage
-            review = await self._again(
+            review = await self._pass(
                 "reviewer",
-                self.passes["reviewer"],
+                self.options.reviewer,
                 "The coder answered your review. Review again."
                 f"\n\n# The coder's report\n\n{code.text}",
+                again=True,
             )
             usage += review.usage
         signal = extract_signal(review.text) or extract_signal(code.text) or "TASK_DONE"
@@ -293,5 +464,5 @@ class Pipeline:
             signal=signal,
             artifact_dir=artifact_dir,
             usage=usage,
-            coder_child_id=self.passes["coder"].child_id,
+            coder_child_id=self._child_ids["coder"],
         )

@@ -61,7 +61,7 @@ from .tools.sandbox import store_paths
 from .transports import LocalDelegate, RemoteDelegate
 from .transports.local import check_sandbox
 
-__all__ = ["RelayedEvent", "Session"]
+__all__ = ["RelayedEvent", "Session", "keep_out_of_git"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,9 @@ class Session:
         # No session starts that could not run its in-process agents' commands
         # (a subprocess probe, once per process, hence off the event loop).
         await anyio.to_thread.run_sync(check_sandbox, self.network.agents.values(), self.sandbox)
+        await anyio.to_thread.run_sync(keep_out_of_git, self.workspace.root / ".a2a")
+        if self.store.path.parent.name == ".a2a":
+            await anyio.to_thread.run_sync(keep_out_of_git, self.store.path.parent)
         await self.store.create_session(self.id, title=self.title)
         if self._remote is None:
             self._remote = await self._stack.enter_async_context(
@@ -512,6 +515,19 @@ class Session:
             child_changes=changes or None,
         )
         return stored is not None
+
+
+def keep_out_of_git(state: Path) -> None:
+    """Make `state` (a `.a2a` directory) if missing, with a `.gitignore` of
+    `*`, so the user's git repository never shows the stores, transcripts and
+    artifacts in it. A directory that cannot be written is left as it is."""
+    try:
+        state.mkdir(mode=0o700, exist_ok=True)
+        ignore = state / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("*\n")
+    except OSError:
+        pass  # a read-only work directory: nothing is written there either
 
 
 _STATUSES = ("running", "input_required", "completed", "failed")

@@ -325,6 +325,22 @@ class Store:
 
         return await self._run(get)
 
+    async def set_session_metadata(self, session_id: str, key: str, value: Any) -> None:
+        """Set one top-level key of a session's metadata to `value` (JSON).
+
+        One UPDATE with `json_set`: the other keys are kept as they are in the
+        file, so writers of different keys never undo each other."""
+
+        def update() -> None:
+            with self._db.conn:
+                self._db.conn.execute(
+                    "UPDATE sessions SET metadata = "
+                    "json_set(coalesce(nullif(metadata, ''), '{}'), ?, json(?)) WHERE id = ?",
+                    (f'$."{key}"', json.dumps(value), session_id),
+                )
+
+        await self._run(update)
+
     async def list_sessions(self) -> list[dict[str, Any]]:
         def rows() -> list[dict[str, Any]]:
             found = [dict(r) for r in self._db["sessions"].rows_where(order_by="created_at")]

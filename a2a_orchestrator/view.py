@@ -94,7 +94,12 @@ class LiveTree:
         self._rows[key] = row
         self._order.append(key)
 
-    def update(self, relayed: RelayedEvent) -> None:
+    def show_earlier(self, relayed: RelayedEvent) -> None:
+        """Show an event from before this process (a resumed run's finished
+        pass), marked as such in a log."""
+        self.update(relayed, note=" (before the resume)")
+
+    def update(self, relayed: RelayedEvent, *, note: str = "") -> None:
         row = self._rows.get(relayed.child_id)
         if row is None:
             pending = f"pending:{relayed.role}"
@@ -125,7 +130,7 @@ class LiveTree:
         if self.live:
             self.draw()
         else:
-            self.out.write(f"[{row.label} {row.child_id[:6]} {row.transport}] {row.last}\n")
+            self.out.write(f"[{row.label} {row.child_id[:6]} {row.transport}] {row.last}{note}\n")
             self.out.flush()
 
     def lines(self) -> list[str]:

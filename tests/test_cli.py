@@ -203,7 +203,8 @@ def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     kinds = [line["kind"] for line in lines]
     assert kinds[0] == "input" and kinds.count("done") == 3 and kinds[-1] == "subagent_result"
     assert stop.returncode == 0 and "stopped 0" in stop.stdout
-    assert resume.returncode == 0 and "nothing to resume" in resume.stdout
+    # The pipeline had ended: resume says so and exits with its signal again.
+    assert resume.returncode == 3 and "nothing to resume" in resume.stdout
     assert missing.returncode == 2 and "no session 'nope'" in missing.stderr
 
 

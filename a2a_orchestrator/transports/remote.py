@@ -116,8 +116,8 @@ def translate_error(exc: BaseException, url: str) -> DelegationError:
     if isinstance(exc, httpx.TransportError) or isinstance(cause, httpx.TransportError):
         return AgentUnavailableError(f"agent at {url} is unreachable: {cause or exc}")
     if isinstance(exc, AgentCardResolutionError):
-        if exc.status_code is None:
-            return AgentUnavailableError(f"agent at {url} is unreachable: {exc}")
+        # Not a transport failure (those are above): the card came and is
+        # not JSON or not a card.
         return ProtocolError(f"agent at {url} has no usable agent card: {exc}")
     if isinstance(exc, A2AClientError):
         return AgentUnavailableError(f"agent at {url}: {exc}")
@@ -635,8 +635,13 @@ class RemoteDelegate:
         url = spec.url or ""
         card = self._cards.get(url)
         if card is None:
-            with _translated(url):
-                card = await A2ACardResolver(self.http, url).get_agent_card()
+            try:
+                with _translated(url):
+                    card = await A2ACardResolver(self.http, url).get_agent_card()
+            except ValueError as exc:
+                # a2a-sdk lets a body that is not UTF-8 escape as a bare
+                # UnicodeDecodeError, which names no agent.
+                raise ProtocolError(f"agent at {url} has no usable agent card: {exc}") from exc
             self._cards[url] = card
         return card
 
@@ -664,7 +669,10 @@ class RemoteDelegate:
             [AuthInterceptor(_Token(token))] if token else []
         )
         factory = ClientFactory(ClientConfig(httpx_client=self.http, streaming=streaming))
-        return factory.create(card, interceptors=interceptors)
+        try:
+            return factory.create(card, interceptors=interceptors)
+        except ValueError as exc:  # how a2a-sdk says the card offers no transport it speaks
+            raise ProtocolError(f"agent at {spec.url} has no usable agent card: {exc}") from exc
 
     def plain_client(self, run: RemoteRun) -> Client:
         """A non-streaming client to the same agent (control messages)."""
