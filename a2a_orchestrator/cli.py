@@ -200,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Manage the callers file a server reads with --callers: each caller's "
         "token is stored as a salted hash, never in the clear.",
     )
-    token_actions = token.add_subparsers(dest="action", metavar="ACTION", required=True)
+    token_actions = token.add_subparsers(
+        dest="action", metavar="ACTION", required=True, help="add: give a caller a new token"
+    )
     token_add = token_actions.add_parser(
         "add",
         help="give a caller a new token",

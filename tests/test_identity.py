@@ -13,6 +13,8 @@ import contextlib
 import hashlib
 import hmac
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -42,6 +44,8 @@ from a2a_orchestrator.callers import (
     new_token,
     token_matches,
 )
+from a2a_orchestrator.cli import build_parser
+from a2a_orchestrator.commands import access_of
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.events import Done, Failed
@@ -810,3 +814,46 @@ def test_agent_files_take_client_credentials(tmp_path: Path) -> None:
             client_id="c",
             client_secret_env="s3cr3t-value",
         )
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def test_token_add_prints_the_token_once_and_the_file_keeps_its_hash(tmp_path: Path) -> None:
+    path = tmp_path / "callers.toml"
+    cli = [sys.executable, "-m", "a2a_orchestrator.cli", "token", "add"]
+    added = subprocess.run([*cli, "reports", "--file", str(path)], capture_output=True, text=True)
+    again = subprocess.run([*cli, "reports", "--file", str(path)], capture_output=True, text=True)
+    token = added.stdout.strip()
+    assert added.returncode == 0 and token.startswith("a2a_") and len(token) > 40
+    assert "shown this once" in added.stderr
+    assert token not in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert CallerFile(path).match(token) is not None
+    assert again.returncode == 2 and "--replace" in again.stderr
+
+
+def test_serve_flags_and_variables_configure_access(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "callers.toml"
+    add_caller(path, "reports")
+    monkeypatch.delenv("A2A_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("A2A_JWT_AUDIENCE", "coder-api")
+    argv = ["serve", "coder", "--callers", str(path), "--jwt-issuer", "https://idp.example"]
+    access = access_of(build_parser().parse_args(argv))
+    assert access is not None and access.callers is not None and access.issuer is not None
+    assert (access.issuer.audience, access.issuer.leeway) == ("coder-api", 60.0)
+    assert access.describe() == (
+        f"caller tokens from {path}, JWTs from https://idp.example (audience 'coder-api')"
+    )
+    monkeypatch.delenv("A2A_JWT_AUDIENCE")
+    with pytest.raises(ConfigError, match="audience is needed"):
+        access_of(build_parser().parse_args(argv))
+    with pytest.raises(ConfigError, match="https"):
+        access_of(
+            build_parser().parse_args(
+                ["serve", "coder", "--jwt-issuer", "http://idp.example", "--jwt-audience", "x"]
+            )
+        )
+    assert access_of(build_parser().parse_args(["serve", "coder"])) is None
