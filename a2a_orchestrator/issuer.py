@@ -142,7 +142,7 @@ class Issuer:
         except jwt.PyJWTError as exc:
             raise CredentialError("malformed token") from exc
         alg = header.get("alg")
-        if alg not in ASYMMETRIC_ALGORITHMS:
+        if not isinstance(alg, str) or alg not in ASYMMETRIC_ALGORITHMS:
             shown = str(alg)[:16]  # the caller's text: echoed short
             raise CredentialError(f"signature algorithm {shown!r} is not accepted")
         kid = header.get("kid")

@@ -421,6 +421,8 @@ async def test_jwts_from_the_issuer_are_accepted_and_bad_ones_refused(tmp_path: 
                 "three dots of garbage": "not.a.jwt",
                 "a word": "hello",
                 "non-ASCII header": unsigned({"alg": "\u00e9\u00e9\u00e9"}, claims),
+                "alg is a list": unsigned({"alg": ["ES256"], "kid": {}}, claims),
+                "exp is text": idp.sign(exp="tomorrow"),
             }
             async with (
                 role_server(tmp_path, access=access) as server,
@@ -857,3 +859,37 @@ def test_serve_flags_and_variables_configure_access(
             )
         )
     assert access_of(build_parser().parse_args(["serve", "coder"])) is None
+
+
+async def test_context_owners_on_both_kinds_of_task_store(tmp_path: Path) -> None:
+    """The context check works on a2a-sdk's SQL store (PostgreSQL replicas) as on ours."""
+    from a2a.server.context import ServerCallContext
+    from a2a.types import Task, TaskState, TaskStatus
+
+    from a2a_orchestrator.server import _Owner, open_task_store
+    from a2a_orchestrator.taskstore import ObservedTaskStore, SQLiteTaskStore, context_owners
+
+    async def ignore(task: Task, context: ServerCallContext) -> None:
+        return None
+
+    with anyio.fail_after(20):
+        for db in (str(tmp_path / "ours.db"), f"sqlite+aiosqlite:///{tmp_path / 'sdk.db'}"):
+            store = open_task_store(db)
+            if not isinstance(store, SQLiteTaskStore):
+                await store.initialize()  # type: ignore[attr-defined]
+            for number, (owner, context_id) in enumerate(
+                [("alice", "c1"), ("bob", "c1"), ("alice", "c2")]
+            ):
+                task = Task(
+                    id=f"t{number}",
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
+                )
+                await store.save(task, ServerCallContext(user=_Owner(owner)))
+            observed = ObservedTaskStore(store, ignore)
+            found = [await context_owners(observed, c) for c in ("c1", "c2", "c3")]
+            if isinstance(store, SQLiteTaskStore):
+                store.close()
+            else:
+                await store.engine.dispose()  # type: ignore[attr-defined]
+            assert found == [{"alice", "bob"}, {"alice"}, set()], db
