@@ -475,7 +475,7 @@ async def run_orchestrator_server(
         build_orchestrator_card(url, unsandboxed=unsandboxed, access=access),
         open_task_store(db),
         access=access,
-        usage=UsageLog(usage_path(db, "orchestrator", workdir)),
+        usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
         extra_routes=api_routes(store, lambda: executor.planes),
     )
     try:

@@ -454,8 +454,8 @@ async def run_role_server(
     `max_memory` bounds the conversations held in memory (bytes).
 
     `access` says who may call (`token` alone: one caller with that token);
-    the server owns it from here (closes it when it stops). Each caller's
-    usage is recorded in the server's SQLite file (`usage.py`).
+    the server owns it from here (closes it when it stops). With it, each
+    caller's usage is recorded in the server's SQLite file (`usage.py`).
 
     `sandbox` is where `run_command` runs commands (default:
     `Sandbox.from_env()`); a file task store is hidden from them. Raises
@@ -496,7 +496,9 @@ async def run_role_server(
         build_card(role, url, sandbox=sandbox, access=access),
         task_store,
         access=access,
-        usage=UsageLog(usage_path(db, role.name, workdir)),
+        # Usage is kept per caller: with auth off there is one anonymous
+        # caller and nothing to tell apart (nor a write per task to pay).
+        usage=UsageLog(usage_path(db, role.name, workdir)) if access is not None else None,
         max_body=max_body,
         body_timeout=body_timeout,
     )

@@ -1,6 +1,7 @@
 """`UsageLog`: what each caller took of a server, per UTC day, in SQLite.
 
-One table, `caller_usage`, in the server's own SQLite file (beside its tasks
+One table, `caller_usage`, kept when the server has callers (auth on), in
+the server's own SQLite file (beside its tasks
 and tool journal; a server whose tasks live in PostgreSQL keeps it in
 `.a2a/usage-NAME.db` under its work directory). A row per caller (owner key)
 and day: messages that started work, requests refused by a quota, and the
