@@ -5,13 +5,19 @@ over A2A JSON-RPC with SSE streaming, each child in an isolated context.
 """
 
 from ._version import __version__ as __version__
+from .access import Access as Access
+from .callers import CallerFile as CallerFile
+from .callers import Limits as Limits
 from .control import ControlPlane as ControlPlane
 from .delegation import ChildConfig as ChildConfig
 from .delegation import ChildHandle as ChildHandle
+from .errors import AccessError as AccessError
 from .errors import AgentUnavailableError as AgentUnavailableError
 from .errors import ConfigError as ConfigError
+from .errors import CredentialError as CredentialError
 from .errors import DelegationError as DelegationError
 from .errors import DelegationTimeoutError as DelegationTimeoutError
+from .errors import IssuerUnavailableError as IssuerUnavailableError
 from .errors import ModelError as ModelError
 from .errors import OrchestratorError as OrchestratorError
 from .errors import PathOutsideWorkdirError as PathOutsideWorkdirError
@@ -31,6 +37,7 @@ from .events import ToolResult as ToolResult
 from .executor import RoleExecutor as RoleExecutor
 from .hooks import Deny as Deny
 from .hooks import Hooks as Hooks
+from .issuer import Issuer as Issuer
 from .models import Model as Model
 from .models import ModelSettings as ModelSettings
 from .models import OpenAIModel as OpenAIModel
@@ -63,16 +70,20 @@ from .tools import Workspace as Workspace
 from .tools import build_tools as build_tools
 
 __all__ = [
+    "Access",
+    "AccessError",
     "AgentSpec",
     "AgentUnavailableError",
     "AssistantMessage",
     "Brief",
+    "CallerFile",
     "ChildConfig",
     "ChildEvent",
     "ChildHandle",
     "ConfigError",
     "ControlPlane",
     "Conversation",
+    "CredentialError",
     "DelegationError",
     "DelegationTimeoutError",
     "Deny",
@@ -80,6 +91,9 @@ __all__ = [
     "Failed",
     "Hooks",
     "InputRequired",
+    "Issuer",
+    "IssuerUnavailableError",
+    "Limits",
     "MessageDelta",
     "Model",
     "ModelError",

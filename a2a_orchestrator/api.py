@@ -9,21 +9,31 @@
 A session this process runs is stopped through its control plane; the
 records of any session come from the store. An unknown session is a 404 with
 a JSON body, never an empty list.
+
+Sessions belong to their caller (`OWNER_KEY` in the session's metadata, the
+owner key of the caller whose A2A task opened it; "" without auth, and for
+sessions the CLI runs): a caller lists only its own, and another caller's
+session answers exactly as one that does not exist.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .control import ControlPlane
+from .middleware import owner_of
 from .store import Store
 
-__all__ = ["MAX_PAGE", "api_routes"]
+__all__ = ["MAX_PAGE", "OWNER_KEY", "api_routes", "owns"]
+
+OWNER_KEY = "owner"
+"""The session metadata field naming the caller a session belongs to."""
 
 MAX_PAGE = 1000
 
@@ -50,32 +60,42 @@ def _int(request: Request, name: str, default: int, low: int, high: int) -> int 
     return value
 
 
+def owns(session: Mapping[str, Any] | None, owner: str) -> bool:
+    """Whether `session` (a store record) exists and belongs to `owner`."""
+    return session is not None and session["metadata"].get(OWNER_KEY, "") == owner
+
+
 def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -> list[Route]:
     """Routes over `store`; `planes()` gives the live sessions' root control planes."""
 
+    async def visible(request: Request, session_id: str) -> bool:
+        return owns(await store.get_session(session_id), owner_of(request))
+
     async def list_sessions(request: Request) -> JSONResponse:
-        return JSONResponse({"sessions": await store.list_sessions()})
+        owner = owner_of(request)
+        sessions = [s for s in await store.list_sessions() if owns(s, owner)]
+        return JSONResponse({"sessions": sessions})
 
     async def stop(request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
+        if not await visible(request, session_id):
+            return _not_found(session_id)
         plane = planes().get(session_id)
         if plane is not None:
             return JSONResponse({"stopped": await plane.stop_children()})
-        if await store.get_session(session_id) is None:
-            return _not_found(session_id)
         # Not run by this process: nothing here is running to stop.
         return JSONResponse({"stopped": 0})
 
     async def children(request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
-        if await store.get_session(session_id) is None:
+        if not await visible(request, session_id):
             return _not_found(session_id)
         records = await store.list_children(session_id=session_id)
         return JSONResponse({"children": [asdict(r) for r in records]})
 
     async def events(request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
-        if await store.get_session(session_id) is None:
+        if not await visible(request, session_id):
             return _not_found(session_id)
         after = _int(request, "after", 0, 0, 2**62)
         if isinstance(after, JSONResponse):

@@ -94,6 +94,45 @@ def _sandbox_options(parser: argparse.ArgumentParser) -> None:
 SESSION_HELP = "session id, or any unique prefix of one"
 
 
+def _access_options(parser: argparse.ArgumentParser) -> None:
+    """Who may call a server besides the holder of --token-env's token (README:
+    Identity and access)."""
+    parser.add_argument(
+        "--callers",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="callers file: a token hash and limits per caller, reloaded when it changes "
+        "(default: $A2A_CALLERS_FILE; make entries with `token add`)",
+    )
+    parser.add_argument(
+        "--jwt-issuer",
+        default=None,
+        metavar="URL",
+        help="accept OAuth2 bearer JWTs from this issuer; keys found by OpenID discovery "
+        "(default: $A2A_JWT_ISSUER)",
+    )
+    parser.add_argument(
+        "--jwt-audience",
+        default=None,
+        metavar="AUD",
+        help="the audience (aud) a JWT must name (default: $A2A_JWT_AUDIENCE)",
+    )
+    parser.add_argument(
+        "--jwt-jwks-url",
+        default=None,
+        metavar="URL",
+        help="the issuer's JWKS, instead of discovery (default: $A2A_JWT_JWKS_URL)",
+    )
+    parser.add_argument(
+        "--jwt-leeway",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds of clock skew allowed on a JWT's times (default: $A2A_JWT_LEEWAY or 60)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a2a-orchestrator",
@@ -212,6 +251,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", type=Path, default=None, help="orchestrator only: its store (under --workdir)"
     )
     _sandbox_options(serve)
+    _access_options(serve)
+
+    token = commands.add_parser(
+        "token",
+        help="manage the callers file of a server",
+        description="Manage the callers file a server reads with --callers: each caller's "
+        "token is stored as a salted hash, never in the clear.",
+    )
+    token_actions = token.add_subparsers(
+        dest="action", metavar="ACTION", required=True, help="add: give a caller a new token"
+    )
+    token_add = token_actions.add_parser(
+        "add",
+        help="give a caller a new token",
+        description="Give caller NAME a new random token: its hash goes into the callers "
+        "file (created if missing, readable by you only) and the token is printed once, "
+        "on stdout. A running server picks the change up at its next request.",
+    )
+    token_add.add_argument("name", metavar="NAME", help="the caller's name")
+    token_add.add_argument(
+        "--file", type=Path, default=None, help="the callers file (default: $A2A_CALLERS_FILE)"
+    )
+    token_add.add_argument(
+        "--replace",
+        action="store_true",
+        help="the caller exists: replace its token (the old one stops working)",
+    )
 
     up = commands.add_parser(
         "up",

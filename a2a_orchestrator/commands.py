@@ -13,11 +13,12 @@ import time
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 
+from .callers import add_caller
 from .control import ControlPlane
 from .delegation import CANCELED_TEXT, ChildConfig
 from .errors import OrchestratorError
@@ -54,6 +55,9 @@ from .store import RunnerRecord, Store
 from .tools import TOOL_NAMES, Sandbox
 from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
+
+if TYPE_CHECKING:
+    from .access import Access
 
 __all__ = [
     "ASYNC_COMMANDS",
@@ -374,12 +378,12 @@ async def _serve(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else DEFAULT_PORTS.get(args.role, 9110)
     if not 0 <= port <= 65535:
         raise OrchestratorError(f"port {port} is not in 0..65535")
-    token = os.environ.get(args.token_env) or None
+    access = access_of(args)
     sandbox = sandbox_of(args)
     common = dict(
         host=args.host,
         port=port,
-        token=token,
+        access=access,
         public_url=args.public_url,
         sandbox=sandbox,
         install_signal_handlers=True,
@@ -438,11 +442,48 @@ async def _serve(args: argparse.Namespace) -> int:
         for line in extra:
             say(line)
         say(f"  work directory: {workdir}; task store: {db}")
-        say(f"  auth: {'bearer token from $' + args.token_env if token else 'off'}")
+        say(f"  auth: {access.describe() if access is not None else 'off'}")
         if commands:
             say(f"  commands: {sandbox.describe()}")
         await server.stopped.wait()
     say(f"{name}: stopped")
+    return 0
+
+
+# -- callers (README: Identity and access) ------------------------------------------
+
+
+def access_of(args: argparse.Namespace) -> Access | None:
+    """`serve`'s callers: --token-env's token, the callers file, a JWT issuer
+    (each flag, else its variable); None when none is set (no auth)."""
+    from .access import Access
+
+    leeway_raw = os.environ.get("A2A_JWT_LEEWAY", "").strip()
+    try:
+        leeway = args.jwt_leeway if args.jwt_leeway is not None else float(leeway_raw or 60)
+    except ValueError:
+        raise OrchestratorError(f"$A2A_JWT_LEEWAY must be a number, got {leeway_raw!r}") from None
+    return Access.configure(
+        token=os.environ.get(args.token_env) or None,
+        callers_file=args.callers or os.environ.get("A2A_CALLERS_FILE") or None,
+        issuer=args.jwt_issuer or os.environ.get("A2A_JWT_ISSUER") or None,
+        audience=args.jwt_audience or os.environ.get("A2A_JWT_AUDIENCE") or None,
+        jwks_url=args.jwt_jwks_url or os.environ.get("A2A_JWT_JWKS_URL") or None,
+        leeway=leeway,
+    )
+
+
+async def _token(args: argparse.Namespace) -> int:
+    path = args.file or os.environ.get("A2A_CALLERS_FILE")
+    if not path:
+        raise OrchestratorError("which callers file? pass --file or set A2A_CALLERS_FILE")
+    token = add_caller(path, args.name, replace=args.replace)
+    print(
+        f"caller {args.name!r} in {path}: its token follows, shown this once "
+        "(the file keeps only its hash)",
+        file=sys.stderr,
+    )
+    say(token)
     return 0
 
 
@@ -779,4 +820,5 @@ ASYNC_COMMANDS = {
     "events": _events,
     "stop": _stop,
     "resume": _stoppable(_resume),
+    "token": _token,
 }

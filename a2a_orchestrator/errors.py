@@ -7,6 +7,9 @@
     ├── ToolError                    a tool refused or failed (reported to the model)
     │   └── PathOutsideWorkdirError  a path that leads outside the work directory
     ├── ModelError                   the model could not be reached or answered badly
+    ├── AccessError                  a caller's credential is not accepted (server side)
+    │   ├── CredentialError          missing, malformed, unknown, expired, badly signed: 401
+    │   └── IssuerUnavailableError   the identity provider's keys cannot be had now: 503
     ├── ControlError                 a control-plane request that cannot be honoured
     │   ├── SpawnRefusedError        the concurrency gate or a spawn.before hook said no
     │   └── UnknownChildError        no such child of this parent
@@ -22,11 +25,14 @@ codes stay the standard ones; these classes never cross the network.
 from __future__ import annotations
 
 __all__ = [
+    "AccessError",
     "AgentUnavailableError",
     "ConfigError",
     "ControlError",
+    "CredentialError",
     "DelegationError",
     "DelegationTimeoutError",
+    "IssuerUnavailableError",
     "ModelError",
     "OrchestratorError",
     "PathOutsideWorkdirError",
@@ -77,6 +83,18 @@ class PathOutsideWorkdirError(ToolError):
 
 class ModelError(OrchestratorError):
     """The model endpoint failed, was unreachable, or is misconfigured."""
+
+
+class AccessError(OrchestratorError):
+    """A request's credential is not accepted; the message is safe to show the caller."""
+
+
+class CredentialError(AccessError):
+    """No credential, or one that is malformed, unknown, expired or badly signed."""
+
+
+class IssuerUnavailableError(AccessError):
+    """A JWT cannot be checked now: the issuer's keys could not be fetched."""
 
 
 class ControlError(OrchestratorError):

@@ -24,6 +24,15 @@ rejects the executor's events, which carry the task's real context id
 context id into the message before the SDK sees it keeps such a task
 continuable.
 
+Callers (`access.py`): a2a-sdk scopes every task read to the request's
+caller, so another caller's task id is "task not found" on every route, the
+control extension's included (`_stored_task`). Context ids are not scoped
+by the SDK, and a role server keeps one conversation per context: a message
+opening a task in a context where another caller has tasks is refused
+(invalid params), or it would continue that caller's conversation. A
+message that would start work is admitted by the caller's quotas first
+(`quotas.py`).
+
 Repeated messages: a caller that lost its stream before hearing a task's id
 (a crash in the spawn window) may send the same opening message again, with
 the same message id and context id. a2a-sdk would start a second task and
@@ -38,10 +47,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from a2a.helpers import get_message_text
 from a2a.server.context import ServerCallContext
+from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.types import (
     InvalidParamsError,
@@ -57,6 +68,8 @@ from google.protobuf.json_format import MessageToDict
 
 from .errors import ConfigError
 from .executor import RoleExecutor
+from .quotas import Quotas
+from .taskstore import context_owners
 from .wire import CONFIG_KEY, CONTROL_KEY
 
 __all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
@@ -67,6 +80,28 @@ CONTROL_ACTIONS = ("pause", "resume", "interrupt", "steer")
 class RoleRequestHandler(DefaultRequestHandler):
     _opening: dict[str, asyncio.Lock] | None = None
     """Locks of the task-opening messages being handled, by context/message id."""
+
+    def __init__(self, *args: Any, quotas: Quotas | None = None, **kwargs: Any) -> None:
+        """a2a-sdk's arguments, and the `quotas` that admit work (None: no limits)."""
+        super().__init__(*args, **kwargs)
+        self.quotas = quotas
+
+    def _admitted(self, context: ServerCallContext) -> AbstractAsyncContextManager[None]:
+        if self.quotas is None:
+            return contextlib.nullcontext()
+        return self.quotas.admitted(context)
+
+    async def _check_context(self, params: SendMessageRequest, context: ServerCallContext) -> None:
+        """Refuse to open a task in a context another caller's tasks are in."""
+        message = params.message
+        if message.task_id or not message.context_id:
+            return
+        owners = await context_owners(self.task_store, message.context_id)
+        if owners - {resolve_user_scope(context)}:
+            raise InvalidParamsError(
+                message=f"context {message.context_id} cannot be used by this caller; "
+                "open the task in a new context id"
+            )
 
     @contextlib.asynccontextmanager
     async def _one_at_a_time(self, params: SendMessageRequest) -> AsyncIterator[bool]:
@@ -167,11 +202,13 @@ class RoleRequestHandler(DefaultRequestHandler):
             return controlled
         self._check_config(params)
         await self._fill_context_id(params, context)
+        await self._check_context(params, context)
         async with self._one_at_a_time(params) as opening:
             repeated = await self._repeated(params, context) if opening else None
             if repeated is not None:
                 return repeated
-            return await super().on_message_send(params, context)
+            async with self._admitted(context):
+                return await super().on_message_send(params, context)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -182,14 +219,18 @@ class RoleRequestHandler(DefaultRequestHandler):
             return
         self._check_config(params)
         await self._fill_context_id(params, context)
+        await self._check_context(params, context)
         events: AsyncGenerator[Any, None] | None = None
         async with self._one_at_a_time(params) as opening:
             repeated = await self._repeated(params, context) if opening else None
             if repeated is None:
-                events = super().on_message_send_stream(params, context)
-                # The first event is the stored task: once it is out, a
-                # repeat of this message finds it.
-                first = await anext(events, None)
+                # Admitted until its task is saved running, which the first
+                # event follows (the quotas count the task from then on).
+                async with self._admitted(context):
+                    events = super().on_message_send_stream(params, context)
+                    # The first event is the stored task: once it is out, a
+                    # repeat of this message finds it.
+                    first = await anext(events, None)
         if repeated is not None:
             async for event in self._follow(repeated, context):
                 yield event

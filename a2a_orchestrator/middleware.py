@@ -1,4 +1,4 @@
-"""ASGI pieces in front of the A2A routes: bearer-token auth and a bounded body read.
+"""ASGI pieces in front of the A2A routes: caller authentication and a bounded body read.
 
 Order (outermost first): auth, then the body. Auth looks at headers only,
 so an unauthenticated request is answered 401 before any byte of its body
@@ -9,15 +9,15 @@ connection too. A 413 on a declared Content-Length keeps it: the client (it
 passed auth) then reads its 413 instead of a reset, and uvicorn discards
 the declared rest of the body without keeping it.
 
-Auth uses Starlette's `AuthenticationMiddleware`, so `request.user` flows
+Auth uses Starlette's `AuthenticationMiddleware` with a `CallerBackend`
+(tokens, a callers file, JWTs: see `access.py`), so `request.user` flows
 into a2a-sdk's `ServerCallContext.user` and the task store scopes tasks to
-their owner. The agent card stays public: a client needs it to learn that a
-token is required at all.
+their owner: one caller never sees another's. The agent card stays public:
+a client needs it to learn which credentials are accepted at all.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Collection
 
@@ -27,18 +27,23 @@ from starlette.authentication import (
     AuthenticationBackend,
     AuthenticationError,
     BaseUser,
-    SimpleUser,
 )
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .access import Access
+from .callers import Caller
+from .errors import CredentialError, IssuerUnavailableError
+
 __all__ = [
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_MAX_BODY",
-    "BearerTokenBackend",
     "BodyLimitMiddleware",
+    "CallerBackend",
+    "CallerUser",
     "auth_error",
+    "owner_of",
 ]
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
@@ -48,34 +53,98 @@ DEFAULT_BODY_TIMEOUT = 30.0
 """Seconds a client has to send a request's whole body once its headers arrived."""
 
 
-class BearerTokenBackend(AuthenticationBackend):
-    """Accepts `Authorization: Bearer <token>`; everything else is a 401."""
+class CallerUser(BaseUser):
+    """The Starlette user of an authenticated request: a2a-sdk's default
+    context builder turns it into the `ServerCallContext` user, whose
+    `user_name` (this `display_name`) is the owner the task stores scope by."""
 
-    def __init__(self, token: str, public_paths: Collection[str]) -> None:
-        if not token:
-            raise ValueError("an empty bearer token would accept anyone")
-        self._token = token.encode()
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def display_name(self) -> str:
+        return self.caller.owner
+
+    @property
+    def identity(self) -> str:
+        return self.caller.owner
+
+
+def owner_of(conn: HTTPConnection) -> str:
+    """The owner key of a request's caller; "" without auth (everyone is one caller)."""
+    user = conn.scope.get("user")
+    return user.caller.owner if isinstance(user, CallerUser) else ""
+
+
+class _Refused(AuthenticationError):
+    """An `AuthenticationError` carrying the response it should get."""
+
+    def __init__(self, status: int, headers: dict[str, str], detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.headers = headers
+
+
+class CallerBackend(AuthenticationBackend):
+    """Authenticates `Authorization: Bearer <credential>` with an `Access`.
+
+    A missing credential is a 401 with a bare `WWW-Authenticate: Bearer`
+    challenge; a malformed, unknown, expired or badly signed one a 401 with
+    `error="invalid_token"` (RFC 6750); a JWT that cannot be checked because
+    the issuer's keys are unavailable a 503 with Retry-After. Never a 500:
+    nothing a client sends reaches past `Access.authenticate`'s errors.
+    """
+
+    def __init__(self, access: Access, public_paths: Collection[str]) -> None:
+        self._access = access
         self._public = frozenset(public_paths)
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
         if conn.url.path in self._public:
             return None
         scheme, _, credential = conn.headers.get("authorization", "").partition(" ")
+        credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:
-            raise AuthenticationError("missing bearer token")
-        # Constant-time comparison: the token is a shared secret.
-        if not hmac.compare_digest(credential.strip().encode(), self._token):
-            raise AuthenticationError("invalid bearer token")
-        return AuthCredentials(["authenticated"]), SimpleUser("a2a-client")
+            raise _Refused(401, {"WWW-Authenticate": _challenge()}, "missing bearer token")
+        try:
+            caller = await self._access.authenticate(credential)
+        except IssuerUnavailableError as exc:
+            raise _Refused(503, {"Retry-After": "30"}, str(exc)) from exc
+        except CredentialError as exc:
+            challenge = _challenge(error="invalid_token", description=str(exc))
+            raise _Refused(401, {"WWW-Authenticate": challenge}, str(exc)) from exc
+        return AuthCredentials(["authenticated"]), CallerUser(caller)
+
+
+def _challenge(*, error: str | None = None, description: str | None = None) -> str:
+    parts = ['Bearer realm="a2a"']
+    if error:
+        parts.append(f'error="{error}"')
+    if description:
+        # A quoted-string of printable ASCII (a header is latin-1 at most),
+        # without quotes or backslashes, whatever a token put in the message.
+        safe = "".join(
+            c for c in description[:200] if c.isascii() and c.isprintable() and c not in '"\\'
+        )
+        parts.append(f'error_description="{safe}"')
+    return ", ".join(parts)
 
 
 def auth_error(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     # The body was not read: closing the connection is how the server
     # declines to read it at all (keep-alive would mean draining it first).
+    status, headers = 401, {"WWW-Authenticate": _challenge()}
+    if isinstance(exc, _Refused):
+        status, headers = exc.status, exc.headers
+    error = "unauthorized" if status == 401 else "service unavailable"
     return JSONResponse(
-        {"error": "unauthorized", "detail": str(exc)},
-        status_code=401,
-        headers={"WWW-Authenticate": 'Bearer realm="a2a"', "Connection": "close"},
+        {"error": error, "detail": str(exc)},
+        status_code=status,
+        headers={**headers, "Connection": "close"},
     )
 
 

@@ -9,6 +9,16 @@ An agent file is TOML, one per agent, named after the agent (`coder.toml`):
     description = "Writes code"   # optional
     port = 9102                   # optional: where `a2a-orchestrator up` serves it
 
+An agent behind an OAuth2 authorization server gets its tokens by the client
+credentials grant instead of `token_env` (fetched when needed, refreshed
+before they expire):
+
+    token_url = "https://idp.example/oauth/token"
+    client_id = "orchestrator"
+    client_secret_env = "CODER_CLIENT_SECRET"   # env variable holding the secret
+    scope = "a2a"                 # optional
+    audience = "https://coder.example"          # optional (Auth0 and others want it)
+
 Containers re-point agents without editing files: `A2A_AGENT_<NAME>_URL`
 (the name upper-cased, `-` as `_`) replaces `url`, and an empty value or
 `local` makes the agent in-process; `A2A_AGENT_<NAME>_TOKEN_ENV` replaces
@@ -48,7 +58,8 @@ __all__ = [
 ]
 
 _SUFFIX = ".toml"
-_FIELDS = frozenset({"name", "role", "url", "token_env", "description", "port"})
+_OAUTH_FIELDS = ("token_url", "client_id", "client_secret_env", "scope", "audience")
+_FIELDS = frozenset({"name", "role", "url", "token_env", "description", "port", *_OAUTH_FIELDS})
 # POSIX-portable variable names; this catches a token pasted where its
 # variable's name belongs (a token with '-' or '.' in it fails here).
 _ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -73,6 +84,16 @@ class AgentSpec:
     """The local port `a2a-orchestrator up` serves it on; `None` = not served."""
     source: Path | None = None
     """The file the agent was loaded from; `None` for agents built in code."""
+    token_url: str | None = None
+    """OAuth2 token endpoint: tokens come from the client credentials grant."""
+    client_id: str | None = None
+    """The orchestrator's client id at `token_url`."""
+    client_secret_env: str | None = None
+    """Name of the environment variable holding the client secret."""
+    scope: str | None = None
+    """The scope to ask `token_url` for, if any."""
+    audience: str | None = None
+    """The audience to ask `token_url` for, if any (an extension many providers use)."""
 
     def __post_init__(self) -> None:
         for field, problem in (
@@ -81,6 +102,9 @@ class AgentSpec:
             ("url", _url_problem(self.url)),
             ("token_env", _token_env_problem(self.token_env)),
             ("port", _port_problem(self.port)),
+            ("token_url", _url_problem(self.token_url)),
+            ("client_secret_env", _env_name_problem(self.client_secret_env, "client secret")),
+            *_oauth_problems(self),
         ):
             if problem:
                 raise ConfigError(f"agent {self.name!r}: field {field!r}: {problem}")
@@ -95,6 +119,30 @@ class AgentSpec:
         if self.token_env is None:
             return None
         return environ.get(self.token_env) or None
+
+    def client_secret(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        """The OAuth2 client secret from `environ[client_secret_env]`; `None` if unset."""
+        if self.client_secret_env is None:
+            return None
+        return environ.get(self.client_secret_env) or None
+
+
+def _oauth_problems(spec: AgentSpec) -> list[tuple[str, str | None]]:
+    """The client credentials fields go together, and instead of `token_env`."""
+    if spec.token_url is None:
+        return [
+            (field, "needs token_url (the OAuth2 client credentials grant)")
+            for field in _OAUTH_FIELDS[1:]
+            if getattr(spec, field) is not None
+        ]
+    return [
+        ("client_id", None if spec.client_id else "required with token_url"),
+        (
+            "client_secret_env",
+            None if spec.client_secret_env else "required with token_url (a variable's name)",
+        ),
+        ("token_env", "use either token_env or token_url, not both" if spec.token_env else None),
+    ]
 
 
 def override_var(name: str, what: Literal["URL", "TOKEN_ENV"]) -> str:
@@ -178,21 +226,27 @@ def load_agent_file(
         if token_problem:
             raise _file_error(where, "token_env", token_problem)
     description = _optional_string(where, data, "description") or ""
+    oauth = {field: _optional_string(where, data, field) for field in _OAUTH_FIELDS}
+    oauth = {field: value.strip() if value else value for field, value in oauth.items()}
     port = data.get("port")
     port_problem = _port_problem(port)
     if port_problem:
         raise _file_error(where, "port", port_problem)
 
     url, token_env = _apply_overrides(name, where, url, token_env, environ)
-    return AgentSpec(
-        name=name,
-        role=role,
-        url=url,
-        token_env=token_env,
-        description=description.strip(),
-        port=port,
-        source=path,
-    )
+    try:
+        return AgentSpec(
+            name=name,
+            role=role,
+            url=url,
+            token_env=token_env,
+            description=description.strip(),
+            port=port,
+            source=path,
+            **oauth,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
 
 
 class Network:
@@ -395,6 +449,17 @@ def _url_problem(value: object) -> str | None:
     parts = urlsplit(value)
     if parts.scheme not in {"http", "https"} or not parts.netloc:
         return f"{value!r} is not an http:// or https:// URL"
+    return None
+
+
+def _env_name_problem(value: object, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ENV_NAME_PATTERN.fullmatch(value):
+        return (
+            f"{value!r} is not an environment variable name; it names the variable "
+            f"that holds the {what}, not the {what} itself"
+        )
     return None
 
 

@@ -44,7 +44,8 @@ from anyio.abc import TaskGroup
 from anyio.abc import TaskStatus as StartedStatus
 from google.protobuf.json_format import MessageToDict
 
-from .api import api_routes
+from .access import Access
+from .api import OWNER_KEY, api_routes
 from .control import ControlPlane
 from .events import ChildEvent, Done, Failed, MessageDelta, Started, event_to_dict
 from .hooks import Hooks
@@ -67,6 +68,7 @@ from .store import Store
 from .tools import Sandbox
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .transports.local import check_sandbox
+from .usage import UsageLog, usage_path
 from .view import describe_event
 from .wire import EVENT_KEY, publish
 
@@ -79,10 +81,11 @@ MODES = ("pipeline", "delegate")
 
 
 def build_orchestrator_card(
-    url: str, *, auth: bool = False, unsandboxed: bool = False
+    url: str, *, auth: bool = False, unsandboxed: bool = False, access: Access | None = None
 ) -> AgentCard:
     """The orchestrator's card; `unsandboxed`: its in-process agents run
-    commands without a sandbox (the operator opted out), and it says so."""
+    commands without a sandbox (the operator opted out), and it says so.
+    `access`: the credentials it accepts (`auth` alone: a bearer token)."""
     return agent_card(
         name="orchestrator",
         description="An A2A agent network as one agent: architect, coder and reviewer "
@@ -90,6 +93,7 @@ def build_orchestrator_card(
         + (f" (in-process agents: {UNSANDBOXED_NOTE})" if unsandboxed else ""),
         url=url,
         auth=auth,
+        access=access,
         skills=[
             AgentSkill(
                 id="pipeline",
@@ -265,6 +269,16 @@ class OrchestratorExecutor(AgentExecutor):
             await emit(Started(role="orchestrator"))
             await emit(Failed(reason="error", message=f"unknown mode {mode!r}; use {MODES}"))
             return
+        if not await self._owns_session(context_id, context):
+            await emit(Started(role="orchestrator"))
+            await emit(
+                Failed(
+                    reason="error",
+                    message=f"context {context_id} cannot be used by this caller; "
+                    "send the task in a new context id",
+                )
+            )
+            return
         session = await self.host.acquire(context_id)
         try:
             with anyio.CancelScope() as scope:
@@ -294,6 +308,19 @@ class OrchestratorExecutor(AgentExecutor):
             self._runs.pop(task_id, None)
             self._scopes.pop(task_id, None)
             self.host.release(context_id)
+
+    async def _owns_session(self, session_id: str, context: RequestContext) -> bool:
+        """Whether the request's caller owns the session (it does a new one).
+
+        The handler already refuses a context in which another caller has
+        A2A tasks; a session opened otherwise (`run --session`) has its
+        owner too, recorded in the session's metadata.
+        """
+        call = context.call_context
+        owner = call.user.user_name if call is not None else ""
+        await self.store.create_session(session_id, metadata={OWNER_KEY: owner})
+        record = await self.store.get_session(session_id)
+        return record is not None and record["metadata"].get(OWNER_KEY, "") == owner
 
     async def _forward(
         self, relay: anyio.abc.ObjectReceiveStream[RelayedEvent], updater: TaskUpdater
@@ -405,6 +432,7 @@ async def run_orchestrator_server(
     host: str = "127.0.0.1",
     port: int = 0,
     token: str | None = None,
+    access: Access | None = None,
     public_url: str | None = None,
     hooks: Hooks | None = None,
     reactions: Sequence[Reaction] = (),
@@ -416,6 +444,10 @@ async def run_orchestrator_server(
     `sandbox` is where in-process agents run commands (default:
     `Sandbox.from_env()`). Raises `ConfigError` before binding when one of
     them lists `run_command` and the sandbox cannot be had here.
+
+    `access` says who may call (`token` alone: one caller with that token);
+    each caller sees only its own tasks and sessions, on the A2A endpoint
+    and the HTTP API alike.
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -436,11 +468,14 @@ async def run_orchestrator_server(
         reactions=reactions,
         sandbox=sandbox,
     )
+    if access is None and token:
+        access = Access(token=token)
     app = build_app(
         executor,
-        build_orchestrator_card(url, auth=bool(token), unsandboxed=unsandboxed),
+        build_orchestrator_card(url, unsandboxed=unsandboxed, access=access),
         open_task_store(db),
-        token=token,
+        access=access,
+        usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
         extra_routes=api_routes(store, lambda: executor.planes),
     )
     try:

@@ -3,8 +3,10 @@
 a2a-sdk does the protocol (`DefaultRequestHandler`, its route builders, the
 SQL task store); this module assembles them around a `RoleExecutor`: the
 agent card built from the role, JSON-RPC at `/`, HTTP+JSON under `/rest`,
-the v0.3 compatibility layer on both, optional bearer-token auth checked
-before any body byte is read, and a request body bounded in size and time.
+the v0.3 compatibility layer on both, optional caller authentication
+(`access.py`: tokens, a callers file, JWTs) checked before any body byte is
+read, per-caller quotas and usage (`quotas.py`), and a request body bounded
+in size and time.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import BaseRoute
 
 from ._version import __version__ as VERSION
+from .access import Access
+from .callers import Limits
 from .errors import ConfigError
 from .events import new_uuid
 from .executor import DEFAULT_MAX_MEMORY, RoleExecutor
@@ -61,17 +65,19 @@ from .journal import ToolJournal
 from .middleware import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY,
-    BearerTokenBackend,
     BodyLimitMiddleware,
+    CallerBackend,
     auth_error,
 )
 from .models.base import Model
 from .overrides import offered_models
+from .quotas import QuotaContextBuilder, Quotas, RefusalMiddleware
 from .roles import Role
 from .serving import bind_socket, serve
-from .taskstore import SQLiteTaskStore
+from .taskstore import ObservedTaskStore, SQLiteTaskStore
 from .tools import Sandbox, Workspace
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
+from .usage import UsageLog, usage_path
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY
 
 __all__ = [
@@ -102,10 +108,11 @@ def agent_card(
     skills: Sequence[AgentSkill],
     auth: bool = False,
     extensions: Sequence[AgentExtension] = (),
+    access: Access | None = None,
 ) -> AgentCard:
     """A card for one of our A2A servers at `url`: JSON-RPC and HTTP+JSON on
-    protocol 1.0, JSON-RPC on 0.3 too, streaming, and the bearer scheme when
-    `auth` is on."""
+    protocol 1.0, JSON-RPC on 0.3 too, streaming, and the security schemes
+    `access` accepts (`auth` alone: the bearer scheme)."""
     url = url.rstrip("/")
     card = AgentCard(
         name=name,
@@ -129,7 +136,12 @@ def agent_card(
         default_output_modes=["text/plain", "application/json"],
         skills=list(skills),
     )
-    if auth:
+    if access is not None:
+        schemes, requirements = access.security()
+        for name, scheme in schemes.items():
+            card.security_schemes[name].CopyFrom(scheme)
+        card.security_requirements.extend(requirements)
+    elif auth:
         card.security_schemes[BEARER_SCHEME].CopyFrom(
             SecurityScheme(
                 http_auth_security_scheme=HTTPAuthSecurityScheme(
@@ -153,7 +165,12 @@ CONTROL_CARD_EXTENSION = AgentExtension(
 
 
 def build_card(
-    role: Role, url: str, *, auth: bool = False, sandbox: Sandbox | None = None
+    role: Role,
+    url: str,
+    *,
+    auth: bool = False,
+    sandbox: Sandbox | None = None,
+    access: Access | None = None,
 ) -> AgentCard:
     """The agent card of a role served at `url`.
 
@@ -179,6 +196,7 @@ def build_card(
         skills=skills,
         auth=auth,
         extensions=[CONTROL_CARD_EXTENSION],
+        access=access,
     )
 
 
@@ -271,19 +289,33 @@ def build_app(
     task_store: TaskStore,
     *,
     token: str | None = None,
+    access: Access | None = None,
+    usage: UsageLog | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """The Starlette app of an A2A server; its lifespan owns the handler.
+    """The Starlette app of an A2A server; its lifespan owns the handler,
+    `access` and `usage` (and closes them).
 
-    `extra_routes` (the orchestrator's HTTP control API) sit behind the same
-    auth and body limits as the A2A endpoints.
+    `access` says who may call (`token` alone: one caller with that token;
+    neither: anyone); each caller sees only its own tasks, and is held to
+    its limits, its usage recorded in `usage`. `extra_routes` (the
+    orchestrator's HTTP control API) sit behind the same auth and body
+    limits as the A2A endpoints.
     """
+    if access is None and token:
+        access = Access(token=token)
+    quotas = (
+        Quotas(access.limits if access is not None else _no_limits, usage)
+        if access is not None or usage is not None
+        else None
+    )
     handler = RoleRequestHandler(
-        agent_executor=executor,  # type: ignore[arg-type]
-        task_store=task_store,
+        agent_executor=executor,
+        task_store=ObservedTaskStore(task_store, quotas.observe) if quotas else task_store,
         agent_card=card,
+        quotas=quotas,
     )
 
     @contextlib.asynccontextmanager
@@ -307,12 +339,22 @@ def build_app(
                 await task_store.engine.dispose()
             elif isinstance(task_store, SQLiteTaskStore):
                 task_store.close()
+            if access is not None:
+                await access.aclose()
+            if usage is not None:
+                usage.close()
 
+    # The builder hands the handler the request's refusal cell (quotas).
+    builder = QuotaContextBuilder()
     routes = [
         *create_agent_card_routes(card, cache_control="public, max-age=60"),
         *extra_routes,
-        *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
-        *create_rest_routes(handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True),
+        *create_jsonrpc_routes(
+            handler, rpc_url="/", enable_v0_3_compat=True, context_builder=builder
+        ),
+        *create_rest_routes(
+            handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True, context_builder=builder
+        ),
     ]
     middleware = [
         Middleware(
@@ -322,10 +364,12 @@ def build_app(
             bodyless_paths={AGENT_CARD_WELL_KNOWN_PATH},
         )
     ]
-    if token:
-        backend = BearerTokenBackend(token, public_paths={AGENT_CARD_WELL_KNOWN_PATH})
-        # Outermost (first): a request without the token is refused on its
-        # headers, before the body middleware reads a byte.
+    if quotas is not None:
+        middleware.append(Middleware(RefusalMiddleware))
+    if access is not None:
+        backend = CallerBackend(access, public_paths={AGENT_CARD_WELL_KNOWN_PATH})
+        # Outermost (first): a request without a good credential is refused
+        # on its headers, before the body middleware reads a byte.
         middleware.insert(
             0, Middleware(AuthenticationMiddleware, backend=backend, on_error=auth_error)
         )
@@ -333,6 +377,10 @@ def build_app(
     app.state.executor = executor
     app.state.handler = handler
     return app
+
+
+def _no_limits(owner: str) -> Limits:
+    return Limits()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,6 +441,7 @@ async def run_role_server(
     host: str = "127.0.0.1",
     port: int = 0,
     token: str | None = None,
+    access: Access | None = None,
     public_url: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
@@ -410,6 +459,10 @@ async def run_role_server(
     child asks for (None: children get the server's model only); a caller
     may ask for `default`, `mini`, the role's `models` and `model_names`.
     `max_memory` bounds the conversations held in memory (bytes).
+
+    `access` says who may call (`token` alone: one caller with that token);
+    the server owns it from here (closes it when it stops). With it, each
+    caller's usage is recorded in the server's SQLite file (`usage.py`).
 
     `sandbox` is where `run_command` runs commands (default:
     `Sandbox.from_env()`); a file task store is hidden from them. Raises
@@ -443,11 +496,16 @@ async def run_role_server(
         max_memory=max_memory,
         sandbox=sandbox,
     )
+    if access is None and token:
+        access = Access(token=token)
     app = build_app(
         executor,
-        build_card(role, url, auth=bool(token), sandbox=sandbox),
+        build_card(role, url, sandbox=sandbox, access=access),
         task_store,
-        token=token,
+        access=access,
+        # Usage is kept per caller: with auth off there is one anonymous
+        # caller and nothing to tell apart (nor a write per task to pay).
+        usage=UsageLog(usage_path(db, role.name, workdir)) if access is not None else None,
         max_body=max_body,
         body_timeout=body_timeout,
     )

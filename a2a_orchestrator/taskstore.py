@@ -9,7 +9,13 @@ hundred microseconds a call. For PostgreSQL, or several replicas on one
 database, pass an SQLAlchemy URL and the server uses `DatabaseTaskStore`.
 
 Tasks are scoped to their owner (the authenticated user) like the SDK's
-stores: another owner's task is not found.
+stores: another owner's task is not found. Only the server itself looks
+across owners: `context_owners` (which callers use a context id, so one
+caller cannot continue a conversation in another's context) and
+`unfinished` (start-up recovery).
+
+`ObservedTaskStore` wraps any task store to tell a listener of every save
+(the quotas learn from it which turns run and what they used).
 """
 
 from __future__ import annotations
@@ -17,18 +23,19 @@ from __future__ import annotations
 import base64
 import builtins
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from a2a.server.context import ServerCallContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
-from a2a.server.tasks import TaskStore
+from a2a.server.tasks import DatabaseTaskStore, TaskStore
 from a2a.types import InvalidParamsError, ListTasksRequest, ListTasksResponse, Task, TaskState
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 
 from .sqlitefile import SQLiteFile
 
-__all__ = ["SQLiteTaskStore"]
+__all__ = ["ObservedTaskStore", "SQLiteTaskStore", "context_owners"]
 
 T = TypeVar("T")
 
@@ -166,6 +173,16 @@ class SQLiteTaskStore(TaskStore):
             page_size=page_size,
         )
 
+    async def context_owners(self, context_id: str) -> set[str]:
+        """The owners of the tasks in `context_id`, whoever asks."""
+
+        def query() -> builtins.list[tuple[str]]:
+            return self._db.execute(
+                "SELECT DISTINCT owner FROM tasks WHERE context_id = ?", (context_id,)
+            ).fetchall()
+
+        return {owner for (owner,) in await self._run(query)}
+
     async def unfinished(self) -> builtins.list[tuple[Task, str]]:
         """Tasks still submitted or working, with their owners (start-up recovery)."""
 
@@ -176,3 +193,45 @@ class SQLiteTaskStore(TaskStore):
             ).fetchall()
 
         return [(Task.FromString(data), owner) for data, owner in await self._run(query)]
+
+
+class ObservedTaskStore(TaskStore):
+    """`inner`, telling `on_save` of every task saved, after it is saved."""
+
+    def __init__(
+        self, inner: TaskStore, on_save: Callable[[Task, ServerCallContext], Awaitable[None]]
+    ) -> None:
+        self.inner = inner
+        self._on_save = on_save
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        await self.inner.save(task, context)
+        await self._on_save(task, context)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        return await self.inner.get(task_id, context)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        return await self.inner.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        await self.inner.delete(task_id, context)
+
+
+async def context_owners(store: object, context_id: str) -> set[str]:
+    """The owners of the tasks in `context_id` (any owner's), for the stores
+    that can tell (ours, a2a-sdk's SQL store); other stores tell nothing."""
+    if isinstance(store, ObservedTaskStore):
+        store = store.inner
+    if isinstance(store, SQLiteTaskStore):
+        return await store.context_owners(context_id)
+    if isinstance(store, DatabaseTaskStore):
+        from sqlalchemy import select
+
+        model = store.task_model
+        async with store.async_session_maker() as session:
+            result = await session.execute(
+                select(model.owner).where(model.context_id == context_id).distinct()
+            )
+            return {str(owner) for owner in result.scalars()}
+    return set()

@@ -2,7 +2,8 @@
 
 Built on the a2a-sdk client: agent-card discovery, JSON-RPC with SSE
 streaming (the factory picks the v0.3 compat transport for 0.3 peers), the
-SDK's auth interceptor with a per-agent bearer token.
+SDK's auth interceptor with a per-agent token or OAuth2 client credentials
+(`credentials.py`).
 
 Contract of a turn (`RemoteRun.turn`), so no child is left `running`:
 - Identity before I/O: a message that opens a task goes out with a context
@@ -88,6 +89,7 @@ from ..wire import (
     StreamDecoder,
     transcript_from_history,
 )
+from .credentials import credential_service
 
 __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 
@@ -135,14 +137,6 @@ def _translated(url: str) -> Any:
         yield
     except _TRANSLATED as exc:
         raise translate_error(exc, url) from exc
-
-
-class _Token(CredentialService):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    async def get_credentials(self, security_scheme_name: str, context: Any) -> str | None:
-        return self._token
 
 
 class RemoteRun:
@@ -629,6 +623,7 @@ class RemoteDelegate:
         self.default_timeout = default_timeout
         self._cards: dict[str, AgentCard] = {}
         self._role_timeouts: dict[str, float] = {}
+        self._credential_services: dict[str, CredentialService | None] = {}
 
     async def card(self, spec: AgentSpec) -> AgentCard:
         """The agent's card (cached per URL)."""
@@ -663,10 +658,21 @@ class RemoteDelegate:
             self._role_timeouts[spec.role] = known
         return known
 
+    def _credentials(self, spec: AgentSpec) -> CredentialService | None:
+        if spec.token_url is None:
+            return credential_service(spec, self.http)
+        # One per agent for the delegate's life: its children share the
+        # client credentials token, fetched once and refreshed before expiry.
+        key = f"{spec.name} {spec.url}"
+        service = self._credential_services.get(key)
+        if service is None:
+            service = self._credential_services[key] = credential_service(spec, self.http)
+        return service
+
     def _client(self, spec: AgentSpec, card: AgentCard, *, streaming: bool) -> Client:
-        token = spec.token()
+        service = self._credentials(spec)
         interceptors: list[ClientCallInterceptor] = (
-            [AuthInterceptor(_Token(token))] if token else []
+            [AuthInterceptor(service)] if service is not None else []
         )
         factory = ClientFactory(ClientConfig(httpx_client=self.http, streaming=streaming))
         try:
