@@ -311,9 +311,14 @@ def build_app(
         if access is not None or usage is not None
         else None
     )
+    observed = ObservedTaskStore(task_store, quotas.observe) if quotas else task_store
+    if isinstance(executor, RoleExecutor):
+        # The executor saves a new task itself before its tools run: through
+        # the same store, so quotas see that save like the SDK's own.
+        executor.task_store = observed
     handler = RoleRequestHandler(
         agent_executor=executor,
-        task_store=ObservedTaskStore(task_store, quotas.observe) if quotas else task_store,
+        task_store=observed,
         agent_card=card,
         quotas=quotas,
     )

@@ -70,7 +70,13 @@ def one_block(language: str, marker: str) -> str:
 
 # Which test covers which block, by a string only that block contains.
 PYTHON = {"client": "A2ACardResolver", "session": "session.spawn_child("}
-TOML = {"agents": 'url = "http://coder:9102"', "hooks": "[[hook]]", "reactions": "[[reaction]]"}
+TOML = {
+    "agents": 'url = "http://coder:9102"',
+    "hooks": "[[hook]]",
+    "reactions": "[[reaction]]",
+    "callers": "[callers.reports-team]",
+    "client credentials": 'client_id = "orchestrator"',
+}
 MARKDOWN = {"role": "name: coder", "model limits": "model_timeout:"}
 
 
@@ -190,6 +196,37 @@ def test_the_agents_example_loads(tmp_path: Path) -> None:
         9102,
     )
     assert spec.token_env == "CODER_TOKEN" and spec.remote
+
+
+def test_the_client_credentials_example_loads(tmp_path: Path) -> None:
+    # The README shows the lines an agent file adds; the agent's own lines go first.
+    path = tmp_path / "agents" / "coder.toml"
+    path.parent.mkdir()
+    head = 'name = "coder"\nrole = "coder"\nurl = "http://coder:9102"\n'
+    path.write_text(head + one_block("toml", TOML["client credentials"]))
+    spec = load_agent_file(path, environ={})
+    assert spec.token_url == "https://idp.example/oauth/token"
+    assert (spec.client_id, spec.scope, spec.audience) == ("orchestrator", "a2a", "coder-api")
+
+
+def test_the_callers_example_loads(tmp_path: Path) -> None:
+    from a2a_orchestrator.callers import CallerFile, hash_token
+
+    # The README abbreviates the hash; a real one (as `token add` writes) goes in.
+    token = "a-token-for-the-readme-test"
+    text = re.sub(
+        r'token_hash = "[^"]*"',
+        f'token_hash = "{hash_token(token)}"',
+        one_block("toml", TOML["callers"]),
+    )
+    path = tmp_path / "callers.toml"
+    path.write_text(text)
+    callers = CallerFile(path)
+    caller = callers.match(token)
+    assert caller is not None and caller.owner == "reports-team"
+    limits = callers.limits(caller)
+    assert (limits.concurrent_tasks, limits.tasks_per_minute) == (2, 30)
+    assert limits.tokens_per_day == 2_000_000
 
 
 def test_the_reactions_example_loads(tmp_path: Path) -> None:

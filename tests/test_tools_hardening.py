@@ -278,7 +278,7 @@ async def test_grep_catastrophic_pattern_stops_and_the_loop_keeps_running(
             tg.cancel_scope.cancel()
     elapsed = time.monotonic() - start
     assert not scope.cancel_called
-    assert 1.0 <= elapsed < 5.0  # the deadline, and slack for a loaded machine
+    assert 0.9 <= elapsed < 5.0  # the deadline (clocks differ a little), and slack for load
     # The loop ran all along (about 100 ticks a second); a frozen one ticks once or twice.
     assert ticks >= 20
     message = str(info.value)
