@@ -475,10 +475,12 @@ class RoleExecutor(AgentExecutor):
                 return
 
     def _replace_rules(self, task_id: str, rules: Mapping[str, Selector]) -> bool:
-        if task_id not in self._pause_rules:
+        current = self._pause_rules.get(task_id)
+        if current is None:
             return False  # between turns: the next turn's message brings its rules
-        # A new dict: `execute` knows its own by identity.
-        self._pause_rules[task_id] = dict(rules)
+        # Changed in place: `execute` drops its own dict, known by identity.
+        current.clear()
+        current.update(rules)
         conversation = self.conversation(task_id)
         held = conversation.held if conversation is not None else None
         if conversation is not None and held is not None and held not in rules:

@@ -255,6 +255,12 @@ async def test_pause_rules_on_the_wire(tmp_path: Path) -> None:
                     if state == TaskState.TASK_STATE_COMPLETED:
                         break
             await stream.aclose()
+            # Rules belong to a running turn: a finished task takes none.
+            await wait_for(lambda: server.executor.conversation(task_id) is None)
+            release.message_id = "late-rules"
+            with pytest.raises((A2AError, A2AClientError), match="nothing to pause_on"):
+                async for _ in control.send_message(SendMessageRequest(message=release)):
+                    pass
     assert seen == ["started", "tool_called", "tool_result"]
     assert held.held is None and not held.paused
 
