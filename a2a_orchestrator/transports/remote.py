@@ -28,9 +28,10 @@ Pause rules (`pause_on`, for a role server whose card lists the action): the
 rules go with every turn's message, and as a `pause_on` control message when
 they change while a turn runs (once a frame of the turn came: the server
 took the turn's own rules before its first frame, so they cannot overwrite
-the newer ones). The server then holds the task at
-the matching event itself, so a parent's pause decided on that event lands
-there, however late the event reaches the parent.
+the newer ones). The server then holds the task at the matching event
+itself, so a parent's pause decided on that event lands there, however late
+the event reaches the parent. Rules that change while a turn's message is
+on its way reach the server one round trip after the turn's first frame.
 
 This module is the one boundary where httpx and a2a client errors become
 `DelegationError`s (`translate_error`), with the cause kept.
