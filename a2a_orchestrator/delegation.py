@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import anyio
 from anyio.abc import TaskGroup
@@ -36,6 +36,9 @@ from anyio.abc import TaskGroup
 from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from .models.base import ChatMessage
 from .render import NO_TERMINAL_TEXT
+
+if TYPE_CHECKING:
+    from .selectors import Selector  # selectors imports this module
 
 __all__ = [
     "CANCELED_TEXT",
@@ -180,6 +183,14 @@ class ChildRun(Protocol):
 
     async def resume(self) -> None: ...
 
+    async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
+        """Replace the child's pause rules: from the event a rule selects
+        until `pause()` confirms or `resume()` releases it, the child takes
+        no step. False when the transport takes no rules: in-process, each
+        event reaches the parent's listeners before the child's next step
+        anyway; a peer without the action gets a plain pause."""
+        ...
+
     async def steer(self, text: str) -> None:
         """Offer input to the running turn, absorbed at its next step boundary."""
         ...
@@ -247,6 +258,11 @@ class ChildHandle:
         self._interrupted_turn = -1
         self.paused = False
         """Held at its next step boundary by `pause()` until `resume()`."""
+        self._pause_rules: dict[str, Selector] = {}
+        self._rules_armed = False
+        """The run took the pause rules: it holds itself at a matching event."""
+        self._decided = False
+        """`pause()` or `resume()` was called (while listeners hear an event)."""
 
     # -- what the parent reads --------------------------------------------------
 
@@ -350,12 +366,37 @@ class ChildHandle:
         return False
 
     async def pause(self) -> None:
+        self._decided = True
         await self.run.pause()
         self.paused = True
 
     async def resume(self) -> None:
+        self._decided = True
         await self.run.resume()
         self.paused = False
+
+    async def pause_on(self, rule_id: str, selector: Selector | None) -> None:
+        """Set (None: drop) a pause rule: the child holds itself right after
+        an event `selector` selects, before its next step, however long the
+        event takes to reach the parent. A listener of that event confirms
+        with `pause()` or releases with `resume()`; when none does, the
+        handle releases it once the listeners are done (a supervisor's
+        `pause_child` is the listener that confirms)."""
+        if selector is None:
+            if self._pause_rules.pop(rule_id, None) is None:
+                return
+        elif self._pause_rules.get(rule_id) == selector:
+            return
+        else:
+            self._pause_rules[rule_id] = selector
+        self._rules_armed = await self.run.pause_on(dict(self._pause_rules))
+
+    def _held_by_rule(self, event: ChildEvent) -> bool:
+        """The run may hold itself at `event` (a rule selects it; a turn's
+        last event has no next step to hold)."""
+        if not self._rules_armed or event.kind in TERMINAL_KINDS:
+            return False
+        return any(selector.selects(event) for selector in self._pause_rules.values())
 
     async def interrupt(self) -> bool:
         """Stop the running turn, keep the conversation; False when no turn ran."""
@@ -452,8 +493,13 @@ class ChildHandle:
                 self._set_status("failed")
             elif isinstance(event, InputRequired):
                 self._set_status("input_required")
+            self._decided = False
             if self._on_event is not None:
                 await self._on_event(self, event)
+            if not self._decided and not self.paused and self._held_by_rule(event):
+                # Held by a rule, and no listener paused or resumed it (one
+                # failed, or its subscription went): it must not stay held.
+                await self.run.resume()
             self._notify()
 
     def _set_status(self, status: ChildStatus) -> None:

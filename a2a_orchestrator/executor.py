@@ -6,6 +6,15 @@ task in the same context continues it. The conversation is kept in memory
 while it lives and is rebuilt from the stored tasks of its context when the
 server restarted meanwhile.
 
+Pause rules: a turn's message (`PAUSE_ON_KEY` metadata) and later `pause_on`
+control messages give the task's pause rules, event selectors its caller
+would pause the child on. The moment the turn emits a matching event, before
+publishing it, the conversation is held (`Conversation.hold`), so it takes
+no step after the match however long the event takes to reach the caller;
+the caller confirms with `pause` or releases with `resume`, a rules update
+that drops the rule releases it, and nobody deciding within `HOLD_LIMIT`
+seconds releases it too. Rules live as long as the task's running turn.
+
 A child's configuration (system prompt, a subset of the role's tools, model,
 limits, an explicitly shared context) travels in the first message's
 metadata under `CONFIG_KEY`. The request handler refuses a bad one before a
@@ -37,21 +46,23 @@ from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict
 
 from .delegation import INTERRUPTED_TEXT
-from .errors import ConfigError
-from .events import ChildEvent, Failed, InputRequired
+from .errors import ConfigError, ControlError
+from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired
 from .journal import CallJournal, ToolJournal
 from .models.base import ChatMessage, Model
 from .models.config import limit_model
 from .overrides import Overrides, check_wire_overrides, offered_models, parse_overrides
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
+from .selectors import Selector
 from .tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
 from .transcript import rebuild_transcript
-from .wire import CONFIG_KEY, history_entries, publish
+from .wire import CONFIG_KEY, PAUSE_ON_KEY, history_entries, pause_rules_from_wire, publish
 
 __all__ = [
     "CONTROL_TOOL_NAMES",
     "DEFAULT_MAX_MEMORY",
+    "HOLD_LIMIT",
     "MAX_CONVERSATIONS",
     "RoleExecutor",
     "apply_child_config",
@@ -73,6 +84,11 @@ MAX_CONVERSATIONS = 256
 
 DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
 """Total size of the conversations kept in memory (bytes, see `conversation_size`)."""
+
+HOLD_LIMIT = 30.0
+"""Seconds a task held by a pause rule waits for its caller to confirm
+(pause) or release (resume) before it goes on by itself: a caller that
+crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 
 # How long cancel and shutdown wait for a turn to publish its terminal state.
 _STOP_GRACE = 10.0
@@ -177,6 +193,15 @@ def _metadata(message: Message | None) -> dict[str, Any]:
     return MessageToDict(message.metadata)
 
 
+def _pause_rules(message: Message | None) -> dict[str, Selector]:
+    """A turn message's pause rules (the request handler refused bad ones)."""
+    try:
+        return pause_rules_from_wire(_metadata(message).get(PAUSE_ON_KEY))
+    except ControlError:
+        logger.warning("ignoring malformed pause rules on a turn's message")
+        return {}
+
+
 class RoleExecutor(AgentExecutor):
     """Runs one role's conversations for a2a-sdk's request handler."""
 
@@ -223,6 +248,8 @@ class RoleExecutor(AgentExecutor):
         self._turn_ended: dict[str, anyio.Event] = {}
         self._waiting: dict[str, str] = {}
         """Context id -> the task parked in input-required there."""
+        self._pause_rules: dict[str, dict[str, Selector]] = {}
+        """Task id -> its caller's pause rules, while a turn of it runs."""
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -264,8 +291,20 @@ class RoleExecutor(AgentExecutor):
         return self._conversations.get(context_id) if context_id else None
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        task = context.current_task
         task_id = context.task_id or ""
+        # Taken before the task's first event goes out: a `pause_on` sent on
+        # hearing of the task replaces them, never the other way round.
+        rules = self._pause_rules[task_id] = _pause_rules(context.message)
+        try:
+            await self._execute(context, event_queue, task_id)
+        finally:
+            if self._pause_rules.get(task_id) is rules:
+                del self._pause_rules[task_id]
+
+    async def _execute(
+        self, context: RequestContext, event_queue: EventQueue, task_id: str
+    ) -> None:
+        task = context.current_task
         # A follow-up that names only the task gets a fresh context id from the
         # SDK; the task's own context id is the one that isolates it.
         context_id = task.context_id if task is not None else (context.context_id or "")
@@ -285,6 +324,7 @@ class RoleExecutor(AgentExecutor):
                 await self.task_store.save(task, context.call_context)
 
         async def emit(event: ChildEvent) -> None:
+            self._hold_on_match(task_id, event)
             await publish(updater, event)
 
         conversation = self._conversations.get(context_id)
@@ -426,8 +466,45 @@ class RoleExecutor(AgentExecutor):
         with anyio.move_on_after(_STOP_GRACE):
             await ended.wait()
 
-    def control(self, task_id: str, action: str, text: str = "") -> bool:
-        """Pause, resume, interrupt or steer a task's conversation; False if not held here."""
+    def _hold_on_match(self, task_id: str, event: ChildEvent) -> None:
+        """Hold the task's conversation when `event` matches one of its pause rules."""
+        rules = self._pause_rules.get(task_id)
+        # A terminal event ends the turn: there is no next step to hold.
+        if not rules or event.kind in TERMINAL_KINDS:
+            return
+        conversation = self.conversation(task_id)
+        if conversation is None or conversation.paused:
+            return
+        for rule_id, selector in rules.items():
+            if selector.selects(event):
+                conversation.hold(rule_id, HOLD_LIMIT)
+                return
+
+    def _replace_rules(self, task_id: str, rules: Mapping[str, Selector]) -> bool:
+        current = self._pause_rules.get(task_id)
+        if current is None:
+            return False  # between turns: the next turn's message brings its rules
+        # Changed in place: `execute` drops its own dict, known by identity.
+        current.clear()
+        current.update(rules)
+        conversation = self.conversation(task_id)
+        held = conversation.held if conversation is not None else None
+        if conversation is not None and held is not None and held not in rules:
+            # Its caller dropped the rule before it heard of the match.
+            conversation.resume()
+        return True
+
+    def control(
+        self,
+        task_id: str,
+        action: str,
+        text: str = "",
+        rules: Mapping[str, Selector] | None = None,
+    ) -> bool:
+        """Pause, resume, interrupt or steer a task's conversation, or replace
+        its pause rules (`pause_on`, while a turn runs); False if not held here."""
+        if action == "pause_on":
+            return self._replace_rules(task_id, rules or {})
         conversation = self.conversation(task_id)
         if conversation is None:
             return False

@@ -8,12 +8,15 @@ not offered is an invalid-params error (JSON-RPC -32602, HTTP 400 on the
 REST binding) naming the field, and no task is created for it.
 
 Control extension (`wire.CONTROL_EXTENSION`, declared in the card): a
-message whose metadata holds `CONTROL_KEY` = pause, resume, interrupt or
-steer and names a task is applied to that task's running conversation at
-once (steer: the message's text joins its inbox, absorbed at the next step
-boundary) and answered with the task. It must not queue behind the running turn the way an
-ordinary follow-up does, or a pause would arrive after the work it meant to
-hold.
+message whose metadata holds `CONTROL_KEY` = pause, resume, interrupt,
+steer or pause_on and names a task is applied to that task's running
+conversation at once (steer: the message's text joins its inbox, absorbed at
+the next step boundary; pause_on: `PAUSE_ON_KEY` replaces the task's pause
+rules, see `executor`) and answered with the task. It must not queue behind
+the running turn the way an ordinary follow-up does, or a pause would arrive
+after the work it meant to hold. Pause rules on an ordinary message (they
+come with each turn's message) are checked here too: malformed ones are
+invalid params before a task exists.
 
 Repair: a follow-up message that names only its task (no context id) is
 normal A2A. When that task is no longer active in the server's memory (after
@@ -66,15 +69,16 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict
 
-from .errors import ConfigError
+from .errors import ConfigError, ControlError
 from .executor import RoleExecutor
 from .quotas import Quotas
+from .selectors import Selector
 from .taskstore import context_owners
-from .wire import CONFIG_KEY, CONTROL_KEY
+from .wire import CONFIG_KEY, CONTROL_KEY, PAUSE_ON_KEY, pause_rules_from_wire
 
 __all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
 
-CONTROL_ACTIONS = ("pause", "resume", "interrupt", "steer")
+CONTROL_ACTIONS = ("pause", "resume", "interrupt", "steer", "pause_on")
 
 
 class RoleRequestHandler(DefaultRequestHandler):
@@ -172,7 +176,9 @@ class RoleRequestHandler(DefaultRequestHandler):
         message = params.message
         if not message.HasField("metadata"):
             return None
-        action = MessageToDict(message.metadata).get(CONTROL_KEY)
+        metadata = MessageToDict(message.metadata)
+        action = metadata.get(CONTROL_KEY)
+        rules = _pause_rules(metadata)
         if action is None:
             return None
         if action not in CONTROL_ACTIONS:
@@ -190,7 +196,7 @@ class RoleRequestHandler(DefaultRequestHandler):
                 message="this agent does not take control messages (no control extension)"
             )
         text = get_message_text(message)
-        if not executor.control(message.task_id, action, text):
+        if not executor.control(message.task_id, action, text, rules=rules):
             raise InvalidParamsError(
                 message=f"task {message.task_id} is not running on this server; nothing to {action}"
             )
@@ -260,6 +266,13 @@ class RoleRequestHandler(DefaultRequestHandler):
         except TaskNotFoundError:
             # Not running here any more: the task sent first tells its state.
             return
+
+
+def _pause_rules(metadata: dict[str, Any]) -> dict[str, Selector]:
+    try:
+        return pause_rules_from_wire(metadata.get(PAUSE_ON_KEY))
+    except ControlError as exc:
+        raise InvalidParamsError(message=str(exc)) from exc
 
 
 _TURN_OVER = frozenset(

@@ -19,8 +19,13 @@ Contract kept here:
   `Failed(reason="error")`. Only outside cancellation propagates (the caller
   owns it; a running command's process group is killed by the tool itself).
 - `abort()` ends the running turn as `Failed(reason="aborted")`.
-  `pause()`/`resume()` hold the loop at the next step boundary; paused time
-  does not count against the timeout.
+  `pause()`/`resume()` hold the loop at the next step boundary: before each
+  model call and before each tool call (so a pause that arrives while call 1
+  of a batch runs holds call 2). Paused time does not count against the
+  timeout. `hold(reason, limit)` is a provisional pause, taken by a role
+  server the moment an event matches a caller's pause rule: `pause()`
+  confirms it, `resume()` ends it, and nobody deciding within `limit`
+  seconds ends it too (the caller may be gone).
 - `steer(text)` and `deliver(uuid, text)` queue input that the loop absorbs at
   step boundaries, never at step 0: steering first, then child results.
   Input queued between turns is taken when the next turn starts, so its
@@ -119,6 +124,7 @@ class Conversation:
         self._scope: anyio.CancelScope | None = None
         self._resumed = anyio.Event()
         self._resumed.set()
+        self._hold: tuple[str, float] | None = None
         self._steering: list[str] = []
         self._results: list[tuple[str, str]] = []
         self._seen: set[str] = set()
@@ -132,6 +138,11 @@ class Conversation:
     @property
     def paused(self) -> bool:
         return not self._resumed.is_set()
+
+    @property
+    def held(self) -> str | None:
+        """The reason of a provisional pause (`hold`) nobody has decided on yet."""
+        return self._hold[0] if self._hold is not None and self.paused else None
 
     @property
     def pending_question(self) -> str | None:
@@ -169,11 +180,21 @@ class Conversation:
             self._scope.cancel()
 
     def pause(self) -> None:
-        """Hold the loop at its next step boundary until `resume()`."""
+        """Hold the loop at its next step boundary until `resume()` (confirms a `hold`)."""
+        self._hold = None
         if self._resumed.is_set():
             self._resumed = anyio.Event()
 
+    def hold(self, reason: str, limit: float) -> None:
+        """Pause provisionally: like `pause()`, but released on its own when
+        neither `pause()` nor `resume()` comes within `limit` seconds. No-op
+        when already paused (a pause is not weakened into a hold)."""
+        if self._resumed.is_set():
+            self._resumed = anyio.Event()
+            self._hold = (reason, anyio.current_time() + limit)
+
     def resume(self) -> None:
+        self._hold = None
         self._resumed.set()
 
     def steer(self, text: str) -> None:
@@ -257,7 +278,22 @@ class Conversation:
         if scope is not None:
             scope.deadline = math.inf
         try:
-            await self._resumed.wait()
+            # A loop, not one wait: a pause that comes right after a resume
+            # (before this task ran again) holds this boundary too, and a
+            # hold that lapses releases it.
+            while not self._resumed.is_set():
+                resumed, hold = self._resumed, self._hold
+                if hold is None:
+                    await resumed.wait()
+                    continue
+                with anyio.move_on_after(hold[1] - anyio.current_time()):
+                    await resumed.wait()
+                if self._hold is hold and not resumed.is_set():
+                    logger.warning(
+                        "a hold (%s) was neither confirmed nor released in time; going on",
+                        hold[0],
+                    )
+                    self.resume()
         finally:
             if scope is not None and deadline is not None:
                 scope.deadline = deadline + (anyio.current_time() - started)
@@ -320,6 +356,9 @@ class Conversation:
                 if call.name == ASK_PARENT and self._ask_parent:
                     question = str(call.arguments.get("question", "")).strip() or "(no question)"
                     continue
+                # A step boundary too: a pause that came while the previous
+                # call of this batch ran (or with its result) holds this one.
+                await self._checkpoint(self._scope)
                 await self._play_call(call, emit)
             if question is not None:
                 return InputRequired(question=question)

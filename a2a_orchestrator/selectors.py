@@ -26,7 +26,7 @@ from .events import (
 )
 from .templates import render_inject
 
-__all__ = ["EVENT_KINDS", "Selector", "event_context", "render_inject"]
+__all__ = ["EVENT_KINDS", "Selector", "event_content", "event_context", "render_inject"]
 
 EVENT_KINDS = {
     "tool_call": "tool_called",
@@ -47,20 +47,24 @@ def event_context(handle: ChildHandle, event: ChildEvent) -> dict[str, Any]:
     context.pop("uuid", None)
     kind = next((k for k, v in EVENT_KINDS.items() if v == event.kind and k != "error"), event.kind)
     context.update(kind=kind, child=handle.child_id, pid=handle.child_id, role=handle.role)
+    context["content"] = event_content(event)
+    return context
+
+
+def event_content(event: ChildEvent) -> str:
+    """An event's main text: what `contains` looks in, and `event.content`."""
     match event:
         case ToolResult(output=output):
-            context["content"] = output
+            return output
         case ToolCalled(arguments=arguments):
-            context["content"] = json.dumps(arguments, ensure_ascii=False)
+            return json.dumps(arguments, ensure_ascii=False)
         case AssistantMessage(text=text) | Done(text=text):
-            context["content"] = text
+            return text
         case InputRequired(question=question):
-            context["content"] = question
+            return question
         case Failed(message=message):
-            context["content"] = message
-        case _:
-            context["content"] = ""
-    return context
+            return message
+    return ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,14 +83,24 @@ class Selector:
         if unknown:
             raise ControlError(f"event selector: unknown field(s) {sorted(unknown)}")
         kind = data.get("kind")
-        if kind is not None and kind not in EVENT_KINDS:
+        if kind is not None and (not isinstance(kind, str) or kind not in EVENT_KINDS):
             raise ControlError(f"event selector: kind must be one of {', '.join(EVENT_KINDS)}")
         success = data.get("success")
         if success is not None and not isinstance(success, bool):
             raise ControlError("event selector: success must be true or false")
+        for name in ("tool", "contains"):
+            if data.get(name) is not None and not isinstance(data[name], str):
+                # Checked here, not at the first event: `contains` is searched in text.
+                raise ControlError(f"event selector: {name} must be a string")
         return cls(kind=kind, tool=data.get("tool"), success=success, contains=data.get("contains"))
 
     def matches(self, handle: ChildHandle, event: ChildEvent) -> bool:
+        """Whether `handle`'s `event` is selected (see `selects`)."""
+        return self.selects(event)
+
+    def selects(self, event: ChildEvent) -> bool:
+        """Whether `event` is selected; needs no handle, so a role server can
+        evaluate a caller's pause rule on its own events."""
         if self.kind is not None:
             if event.kind != EVENT_KINDS[self.kind]:
                 return False
@@ -97,5 +111,5 @@ class Selector:
         if self.success is not None and getattr(event, "success", None) is not self.success:
             return False
         if self.contains is not None:
-            return self.contains in str(event_context(handle, event)["content"])
+            return self.contains in event_content(event)
         return True

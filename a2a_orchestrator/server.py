@@ -59,8 +59,8 @@ from .access import Access
 from .callers import Limits
 from .errors import ConfigError
 from .events import new_uuid
-from .executor import DEFAULT_MAX_MEMORY, RoleExecutor
-from .handler import RoleRequestHandler
+from .executor import DEFAULT_MAX_MEMORY, HOLD_LIMIT, RoleExecutor
+from .handler import CONTROL_ACTIONS, RoleRequestHandler
 from .journal import ToolJournal
 from .middleware import (
     DEFAULT_BODY_TIMEOUT,
@@ -78,7 +78,7 @@ from .taskstore import ObservedTaskStore, SQLiteTaskStore
 from .tools import Sandbox, Workspace
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
-from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY
+from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY
 
 __all__ = [
     "REST_PREFIX",
@@ -159,8 +159,14 @@ CONTROL_CARD_EXTENSION = AgentExtension(
     uri=CONTROL_EXTENSION,
     description="Pause, resume, interrupt or steer a running task: send a message naming "
     f"the task with metadata {{{CONTROL_KEY!r}: 'pause' | 'resume' | 'interrupt' | 'steer'}} "
-    "(steer: the message text is absorbed at the task's next step).",
+    "(steer: the message text is absorbed at the task's next step). Pause rules: "
+    f"{{{CONTROL_KEY!r}: 'pause_on', {PAUSE_ON_KEY!r}: {{rule id: {{kind?, tool?, success?, "
+    "contains?}}} replaces the task's rules (the same key on a turn's message sets them "
+    "for that turn); the task is held at the step boundary right after an event a rule "
+    "selects, until 'pause' confirms or 'resume' releases the hold (released by itself "
+    f"after {HOLD_LIMIT:g} s). params.actions lists the actions this server takes.",
     required=False,
+    params={"actions": list(CONTROL_ACTIONS)},
 )
 
 

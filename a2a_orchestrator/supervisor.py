@@ -16,6 +16,15 @@ next step, an idle one in the first model call of its next turn);
 the child is resumed right after if `resume_after`; a `once` subscription is
 then removed. Subscriptions are stored, so they outlive a restart.
 
+`pause_child` lands at the matching event, with no step after it, on either
+transport: an in-process child's events reach the supervisor before its next
+step, and a remote child gets the subscription's selector as a pause rule
+(`ChildHandle.pause_on`, carried by the control extension), so its role
+server holds it at the match by itself and the supervisor's pause confirms
+the hold. The rules go to a child when it is subscribed to, or when the
+supervisor first hears of it (spawned, or after a restart), and are dropped
+with the subscription.
+
 Operations on one child are allowed only to its direct parent.
 """
 
@@ -88,6 +97,8 @@ class Supervisor:
         self.session = plane.session
         self.start_turn = start_turn
         self._subscriptions: dict[str, Subscription] = {}
+        self._armed: set[str] = set()
+        """Children given the pause rules of the subscriptions that apply to them."""
         self.loaded = False
         self._remove = self.session.add_listener(self._on_event)
 
@@ -150,6 +161,7 @@ class Supervisor:
             task or "Wait for instructions.",
             metadata={"session_key": session_key} if session_key else {},
         )
+        await self._arm(handle)
         return {"pid": handle.child_id}
 
     async def subscribe(
@@ -181,6 +193,10 @@ class Supervisor:
             subscription.id, self.session.id, self.plane.parent_id, _spec(subscription)
         )
         self._subscriptions[subscription.id] = subscription
+        if subscription.pause_child:
+            for handle in self.plane.children():
+                if self._applies(subscription, handle):
+                    await handle.pause_on(subscription.id, subscription.event)
         return {"id": subscription.id}
 
     async def unsubscribe(self, id: str) -> dict[str, Any]:
@@ -188,6 +204,7 @@ class Supervisor:
         removed = await self.session.store.delete_subscription(id) or removed
         if not removed:
             raise ControlError(f"no subscription {id!r}")
+        await self._disarm(id)
         return {"removed": id}
 
     async def subscriptions(self) -> list[dict[str, Any]]:
@@ -266,16 +283,33 @@ class Supervisor:
             self.session.id, "control", {"action": action}, child_id=handle.child_id
         )
 
+    def _applies(self, subscription: Subscription, handle: ChildHandle) -> bool:
+        """The subscription watches this child (a direct child, of its pid or role)."""
+        if handle.parent_id != self.plane.parent_id:
+            return False
+        if subscription.child is not None and subscription.child != handle.child_id:
+            return False
+        return subscription.role is None or subscription.role in (handle.role, handle.agent)
+
+    async def _arm(self, handle: ChildHandle) -> None:
+        """Give a child the pause rules of the `pause_child` subscriptions on it."""
+        self._armed.add(handle.child_id)
+        for subscription in list(self._subscriptions.values()):
+            if subscription.pause_child and self._applies(subscription, handle):
+                await handle.pause_on(subscription.id, subscription.event)
+
+    async def _disarm(self, subscription_id: str) -> None:
+        for handle in self.plane.children():
+            await handle.pause_on(subscription_id, None)
+
     async def _on_event(self, handle: ChildHandle, event: ChildEvent) -> None:
         if handle.parent_id != self.plane.parent_id or not self._subscriptions:
             return
+        if handle.child_id not in self._armed:
+            # A child spawned some other way, or held before a restart.
+            await self._arm(handle)
         for subscription in list(self._subscriptions.values()):
-            if subscription.child is not None and subscription.child != handle.child_id:
-                continue
-            if subscription.role is not None and subscription.role not in (
-                handle.role,
-                handle.agent,
-            ):
+            if not self._applies(subscription, handle):
                 continue
             if not subscription.event.matches(handle, event):
                 continue
@@ -289,8 +323,12 @@ class Supervisor:
             self._subscriptions.pop(subscription.id, None)
             await self.session.store.delete_subscription(subscription.id)
         if subscription.pause_child:
+            # Confirms the hold the child's pause rule put it in (remote).
             await handle.pause()
             await self._record(handle, "pause")
+            if subscription.once:
+                # Only now: dropping the rule first would release the hold.
+                await self._disarm(subscription.id)
         try:
             text = render_inject(subscription.inject, event_context(handle, event))
         except ControlError as exc:

@@ -28,6 +28,8 @@ anything stores or shows them.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from a2a.helpers import get_message_text, new_data_part, new_text_part
@@ -35,6 +37,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, Part, Role, StreamResponse, Task, TaskState
 from google.protobuf.json_format import MessageToDict
 
+from .errors import ControlError
 from .events import (
     AssistantMessage,
     ChildEvent,
@@ -49,6 +52,7 @@ from .events import (
     new_uuid,
 )
 from .models.base import ChatMessage, Usage
+from .selectors import Selector
 from .transcript import rebuild_transcript
 
 __all__ = [
@@ -56,9 +60,13 @@ __all__ = [
     "CONTROL_EXTENSION",
     "CONTROL_KEY",
     "EVENT_KEY",
+    "MAX_PAUSE_RULES",
+    "PAUSE_ON_KEY",
     "RESULT_ARTIFACT",
     "StreamDecoder",
     "history_entries",
+    "pause_rules_from_wire",
+    "pause_rules_to_wire",
     "plain",
     "publish",
     "transcript_from_history",
@@ -68,12 +76,42 @@ EVENT_KEY = "a2a_orchestrator.event"
 CONFIG_KEY = "a2a_orchestrator.config"
 """Message metadata of a child's first message: its `ChildConfig.overrides()`."""
 CONTROL_KEY = "a2a_orchestrator.control"
-"""Message metadata of a control message: pause, resume or interrupt."""
+"""Message metadata of a control message: pause, resume, interrupt, steer or pause_on."""
+PAUSE_ON_KEY = "a2a_orchestrator.pause_on"
+"""Message metadata of a `pause_on` control message, and of a turn's message:
+the caller's pause rules for the task, `{rule id: {kind?, tool?, success?,
+contains?}}` (the whole set; empty clears it)."""
+MAX_PAUSE_RULES = 32
+"""Pause rules one task may carry (each is matched against each of its events)."""
 CONTROL_EXTENSION = "https://a2a-orchestrator.dev/extensions/control/v1"
 """The A2A extension a role server declares when it takes control messages."""
 RESULT_ARTIFACT = "result"
 
 _FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost"}
+
+
+def pause_rules_to_wire(rules: Mapping[str, Selector]) -> dict[str, dict[str, Any]]:
+    """Pause rules as `PAUSE_ON_KEY` metadata: each selector's given fields."""
+    return {
+        rule_id: {k: v for k, v in dataclasses.asdict(selector).items() if v is not None}
+        for rule_id, selector in rules.items()
+    }
+
+
+def pause_rules_from_wire(data: object) -> dict[str, Selector]:
+    """`PAUSE_ON_KEY` metadata read back; `ControlError` says what is wrong."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ControlError(f"{PAUSE_ON_KEY} must be an object: {{rule id: event selector}}")
+    if len(data) > MAX_PAUSE_RULES:
+        raise ControlError(f"{PAUSE_ON_KEY}: at most {MAX_PAUSE_RULES} rules, got {len(data)}")
+    rules: dict[str, Selector] = {}
+    for rule_id, selector in data.items():
+        if not isinstance(selector, dict):
+            raise ControlError(f"{PAUSE_ON_KEY}: rule {rule_id!r} must be an event selector object")
+        rules[str(rule_id)] = Selector.from_dict(selector)
+    return rules
 
 
 async def publish(updater: TaskUpdater, event: ChildEvent) -> None:

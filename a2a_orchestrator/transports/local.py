@@ -20,6 +20,7 @@ from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
 from ..roles import find_role
 from ..runtime import Conversation
+from ..selectors import Selector
 from ..tools import Sandbox, Tool, Workspace
 from ..transcript import rebuild_transcript
 
@@ -80,6 +81,12 @@ class LocalRun:
 
     async def resume(self) -> None:
         self.conversation.resume()
+
+    async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
+        """False, nothing to do: each event reaches the parent's listeners
+        before the conversation takes its next step (the emit is awaited),
+        so a listener's `pause()` already lands at the event."""
+        return False
 
     async def steer(self, text: str) -> None:
         self.conversation.steer(text)

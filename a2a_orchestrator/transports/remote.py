@@ -25,6 +25,15 @@ Contract of a turn (`RemoteRun.turn`), so no child is left `running`:
   `deadline_grace`) has its task cancelled on the agent (best effort) and
   ends `Failed(reason="timeout")`. Only the deadline ends a working task.
 
+Pause rules (`pause_on`, for a role server whose card lists the action): the
+rules go with every turn's message, and as a `pause_on` control message when
+they change while a turn runs (once a frame of the turn came: the server
+took the turn's own rules before its first frame, so they cannot overwrite
+the newer ones). The server then holds the task at the matching event
+itself, so a parent's pause decided on that event lands there, however late
+the event reaches the parent. Rules that change while a turn's message is
+on its way reach the server one round trip after the turn's first frame.
+
 This module is the one boundary where httpx and a2a client errors become
 `DelegationError`s (`translate_error`), with the cause kept.
 """
@@ -35,7 +44,7 @@ import contextlib
 import logging
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -69,6 +78,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 from anyio.streams.memory import MemoryObjectSendStream
+from google.protobuf.json_format import MessageToDict
 
 from ..delegation import CANCELED_TEXT, ChildConfig, Emit
 from ..errors import (
@@ -82,11 +92,14 @@ from ..events import TERMINAL_KINDS, ChildEvent, Failed
 from ..models.base import ChatMessage
 from ..network import AgentSpec
 from ..roles import find_role
+from ..selectors import Selector
 from ..wire import (
     CONFIG_KEY,
     CONTROL_EXTENSION,
     CONTROL_KEY,
+    PAUSE_ON_KEY,
     StreamDecoder,
+    pause_rules_to_wire,
     transcript_from_history,
 )
 from .credentials import credential_service
@@ -191,6 +204,13 @@ class RemoteRun:
         self._cancel_requested = False
         self._ended = False
         self._contact = 0.0
+        self._pause_rules: dict[str, Any] = {}
+        """The pause rules (wire form) the task's turns should carry."""
+        self._rules_unsent = False
+        """The rules changed since the server last got them."""
+        self._turn_live = False
+        """A frame of the running turn came (the server is executing it)."""
+        self._rules_lock = anyio.Lock()
 
     @property
     def model(self) -> str:
@@ -230,16 +250,21 @@ class RemoteRun:
         async def watched(event: ChildEvent) -> None:
             await emit(event)
             self._ended = self._ended or event.kind in TERMINAL_KINDS
+            if event.kind in TERMINAL_KINDS:
+                self._turn_live = False
 
         # A turn resumed after a restart keeps the deadline it started with.
         left = self.turn_timeout + self.delegate.deadline_grace
         if text is None and self._turn_started is not None:
             left -= max(0.0, time.time() - self._turn_started)
         self._turn_started = None
-        with anyio.move_on_after(max(0.0, left)) as scope:
-            await self._play(text, watched)
-        if scope.cancelled_caught and not self._ended:
-            await self._time_out(watched)
+        try:
+            with anyio.move_on_after(max(0.0, left)) as scope:
+                await self._play(text, watched)
+            if scope.cancelled_caught and not self._ended:
+                await self._time_out(watched)
+        finally:
+            self._turn_live = False
 
     async def _play(self, text: str | None, emit: Emit) -> None:
         if text is not None:
@@ -300,6 +325,11 @@ class RemoteRun:
         """Stream one message's answer; True once the turn is over. A broken
         stream returns False (the caller finds or re-attaches the task); a
         refusal before any task exists (a bad token, invalid params) raises."""
+        if self._pause_rules:
+            # Rules in force from the turn's first step: the server reads them
+            # before it starts the turn.
+            message.metadata.update({PAUSE_ON_KEY: self._pause_rules})
+        self._rules_unsent = False
         try:
             with _translated(self.url):
                 request = SendMessageRequest(message=message)
@@ -315,6 +345,14 @@ class RemoteRun:
                 raise
             logger.info("stream from %s broke (%s); re-attaching", self.url, exc)
             return False
+
+    async def _turn_running(self) -> None:
+        """A frame of the running turn came: the server has taken the turn's
+        pause rules, so rules that changed since go now."""
+        if self._turn_live or not self.task_id or self.decoder.finished_turn:
+            return
+        self._turn_live = True
+        await self._send_rules()
 
     def _task_over(self) -> bool:
         return self.decoder.finished_turn and self.decoder.state not in _WAITING
@@ -345,6 +383,7 @@ class RemoteRun:
                     self._heard()
                     events = self.decoder.decode(item)
                     await self._note_ids()
+                    await self._turn_running()
                     for event in events:
                         await emit(event)
                     if self.decoder.finished_turn:
@@ -517,7 +556,9 @@ class RemoteRun:
                 # Already terminal (TaskNotCancelable): the stream tells the rest.
                 logger.info("cancel of %s on %s: %s", self.task_id, self.url, exc)
 
-    async def _control(self, action: str, text: str = "") -> None:
+    async def _control(
+        self, action: str, text: str = "", metadata: Mapping[str, Any] | None = None
+    ) -> None:
         extensions = [e.uri for e in self.card.capabilities.extensions]
         if CONTROL_EXTENSION not in extensions:
             raise DelegationError(
@@ -529,7 +570,7 @@ class RemoteRun:
         message = new_text_message(text or action, role=Role.ROLE_USER)
         message.task_id = self.task_id
         message.context_id = self.context_id
-        message.metadata.update({CONTROL_KEY: action})
+        message.metadata.update({CONTROL_KEY: action, **(metadata or {})})
         context = ClientCallContext(service_parameters={"A2A-Extensions": CONTROL_EXTENSION})
         with _translated(self.url):
             async for _ in self.delegate.plain_client(self).send_message(
@@ -545,6 +586,39 @@ class RemoteRun:
 
     async def interrupt(self) -> None:
         await self._control("interrupt")
+
+    def _takes_pause_rules(self) -> bool:
+        """The agent's card lists `pause_on` among its control actions."""
+        for extension in self.card.capabilities.extensions:
+            if extension.uri == CONTROL_EXTENSION and extension.HasField("params"):
+                actions = MessageToDict(extension.params).get("actions")
+                return isinstance(actions, list) and "pause_on" in actions
+        return False
+
+    async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
+        """Give the task these pause rules (see the module docstring). False
+        for a peer without the action: a parent's pause then comes as a
+        plain `pause`, a step or two after the event on a fast child."""
+        if not self._takes_pause_rules():
+            return False
+        self._pause_rules = pause_rules_to_wire(rules)
+        self._rules_unsent = True
+        await self._send_rules()
+        return True
+
+    async def _send_rules(self) -> None:
+        """Send changed rules to the running turn; before a frame of it came
+        they wait for one (or go with the next turn's message)."""
+        async with self._rules_lock:
+            if not (self._rules_unsent and self._turn_live and self.task_id):
+                return
+            self._rules_unsent = False
+            try:
+                await self._control("pause_on", metadata={PAUSE_ON_KEY: self._pause_rules})
+            except DelegationError as exc:
+                # The turn may have ended meanwhile (the next turn's message
+                # carries the rules); a pause still comes as a plain pause.
+                logger.info("pause rules for %s on %s: %s", self.task_id, self.url, exc)
 
     async def steer(self, text: str) -> None:
         await self._control("steer", text)
