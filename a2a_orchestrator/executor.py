@@ -421,7 +421,10 @@ class RoleExecutor(AgentExecutor):
             await ended.wait()
 
     def control(self, task_id: str, action: str, text: str = "") -> bool:
-        """Pause, resume, interrupt or steer a task's conversation; False if not held here."""
+        """Pause, resume, interrupt or steer a task's conversation; False if not
+        held here, or (steer) if its turn has passed its last step boundary:
+        the caller then sends the text as a turn of its own, so it is never
+        both steered and lost with the turn's end."""
         conversation = self.conversation(task_id)
         if conversation is None:
             return False
@@ -433,7 +436,7 @@ class RoleExecutor(AgentExecutor):
             conversation.resume()
             conversation.abort("aborted", INTERRUPTED_TEXT)
         elif action == "steer":
-            conversation.steer(text)
+            return conversation.offer(text)
         else:
             raise ValueError(f"unknown control action {action!r}")
         return True
