@@ -427,6 +427,7 @@ class Session:
                 # it is given work, so a finished child stays readable while
                 # its server is down.
                 connect=resume,
+                finished=record.status in ("completed", "failed"),
             )
         else:
             extra = self.child_tools(record.child_id, record.depth) if self.child_tools else None

@@ -180,13 +180,16 @@ class RemoteRun:
         pending_text: str = "",
         turn_started: float | None = None,
         fresh: bool = False,
+        finished: bool = False,
         on_attached: OnAttached | None = None,
         on_opening: OnOpening | None = None,
     ) -> None:
         """`fresh`: a new child, whose first turn sends its opening message
         under the stored `message_id`; a reopened child finds that message's
         task (or sends it again) only to continue an interrupted turn.
-        `client` and `card` None: read on first use (`connect`)."""
+        `client` and `card` None: read on first use (`connect`). `finished`:
+        the stored child's task is over (done or failed), so its next turn
+        opens a new task in the context rather than writing to a closed one."""
         self.delegate = delegate
         self.spec = spec
         self.url = spec.url or ""
@@ -202,6 +205,8 @@ class RemoteRun:
         self.on_attached = on_attached
         self.on_opening = on_opening
         self.decoder = StreamDecoder()
+        if finished:
+            self.decoder.state = TaskState.TASK_STATE_COMPLETED
         # The context's first message carries the child's configuration; a
         # stored task means it was sent (recovery learns it from ListTasks).
         self._sent_config = bool(task_id)
@@ -806,6 +811,7 @@ class RemoteDelegate:
         on_attached: OnAttached | None = None,
         on_opening: OnOpening | None = None,
         connect: bool = True,
+        finished: bool = False,
     ) -> RemoteRun:
         """Re-attach to a child's task by its stored ids (crash recovery).
 
@@ -814,6 +820,7 @@ class RemoteDelegate:
         is sent again if the agent never got it. `turn_started` (wall
         clock) keeps an interrupted turn's deadline. `connect=False`: the
         card is read on first use, not now (a child that is not resuming).
+        `finished`: its last turn ended done or failed (its task is over).
         """
         card = await self.card(spec) if connect else None
         texts = [entry for entry in entries if isinstance(entry, str)]
@@ -829,6 +836,7 @@ class RemoteDelegate:
             message_id=message_id,
             pending_text=texts[-1] if texts else config.prompt,
             turn_started=turn_started,
+            finished=finished,
             on_attached=on_attached,
             on_opening=on_opening,
         )
