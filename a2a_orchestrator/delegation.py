@@ -269,9 +269,9 @@ class ChildHandle:
         self._changed = anyio.Event()
         self._pending: list[_Queued] = []
         # Held while an input is decided on and stored, and by the pump while
-        # it takes the next input: rows are stored in the order the
-        # conversation reads them, and a turn never starts on an input whose
-        # row is still being written.
+        # it takes the next input and stores it: rows are stored in the order
+        # the conversation reads them, and a turn never starts on an input
+        # whose row is still being written.
         self._inputs = anyio.Lock()
         self._active = False
         self._status: ChildStatus = status
@@ -476,17 +476,23 @@ class ChildHandle:
                 while not self._pending:
                     wake = self._wake
                     await wake.wait()
-                async with self._inputs:
-                    if not self._pending:
-                        continue  # cancelled while an input was being stored
-                    text, recorded = self._pending.pop(0)
-                    self._active = True
-                    self._set_status("running")
+                await self._inputs.acquire()
+                if not self._pending:
+                    self._inputs.release()
+                    continue  # cancelled while an input was being stored
+                text, recorded = self._pending.pop(0)
+                self._active = True
+                self._set_status("running")
                 self._turn += 1
                 start = len(self._log)
                 try:
-                    if text is not None:
-                        await self._store(Input(text=text, recorded=recorded))
+                    try:
+                        # Under the lock: no input given meanwhile is stored
+                        # ahead of the one this turn reads first.
+                        if text is not None:
+                            await self._store(Input(text=text, recorded=recorded))
+                    finally:
+                        self._inputs.release()
                     interrupted = self._interrupted_turn == self._turn
                     if self._cancelling or interrupted:
                         # Stopped between taking the input and starting the

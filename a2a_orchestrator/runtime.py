@@ -298,6 +298,10 @@ class Conversation:
             await self._checkpoint(self._scope)
             if step > 0:
                 self._absorb()
+            if step + 1 == self.max_turns:
+                # The last step: no boundary follows where steering could be
+                # read, so from here it is refused and becomes a turn itself.
+                self._accepting = False
             parts: list[str] = []
             calls: list[ToolCall] = []
             # Deltas are coalesced to at most one per DELTA_INTERVAL: a model

@@ -141,6 +141,35 @@ async def test_the_tools_raise_only_tool_errors(tmp_path: Path) -> None:
     assert refusals[1:] == ["Unknown subagent: nope", "agent_abort: missing argument 'abort'"]
 
 
+async def test_cancellation_still_ends_a_parent_blocked_in_a_tool(tmp_path: Path) -> None:
+    """The tools contain every `Exception`; cancellation is not one, so an
+    aborted parent stops inside `wait_agent` instead of reading its abort as
+    a tool result and going on."""
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("spawn_agent", {"name": "coder", "prompt": "sleep long"}),
+        ("wait_agent", {"child_id": "$child", "timeout_ms": 600_000}),
+    ]
+    with anyio.fail_after(30):
+        async with session_for("local", tmp_path, behaviour) as session:
+            parent = ParentAgent(session, scripted_parent(calls), role=parent_role())
+            ended: list[Any] = []
+
+            async def run() -> None:
+                ended.append(await parent.run("wait for it"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                while len(parent.conversation.messages) < 5:  # waiting in wait_agent
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.1)
+                parent.conversation.abort("aborted", "stopped by its owner")
+            await parent.plane.stop_children()
+            parent.close()
+    (outcome,) = ended
+    assert outcome.kind == "failed" and outcome.message == "stopped by its owner"
+    assert not any("Cancelled" in result for result in tool_results(parent))
+
+
 @asynccontextmanager
 async def foreign_peer(workdir: Path) -> AsyncIterator[str]:
     """A role server whose card does not declare the control extension (any

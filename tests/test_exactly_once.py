@@ -8,8 +8,11 @@ message at a random moment around the end of that turn: at a random time
 after the spawn, or right after the child's final message is seen (the
 moment the turn decides to end). The message must reach the child's
 conversation exactly once (as the model reads it), be stored exactly once,
-and the call must not fail. Only the model is scripted; remote children run
-on a real role server on 127.0.0.1.
+and the call must not fail. Then the two ways a turn can take steering it
+never reads: its last allowed step (refused now, so it opens a turn) and a
+last step that asks a question (handed back, so it opens the next turn).
+Only the model is scripted; remote children run on a real role server on
+127.0.0.1.
 """
 
 from __future__ import annotations
@@ -123,3 +126,57 @@ async def test_send_message_at_turn_end_is_delivered_exactly_once(
     # The races landed on both sides of the turn's end, and inside the window
     # where a steer used to be taken and then dropped.
     assert modes["steer"] > 0 and modes["turn"] > 0 and late > 0
+
+
+def last_step(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A slow step that ends the turn: a plain answer or (`ask ...`) a question."""
+    users = [str(m["content"]) for m in messages if m["role"] == "user"]
+    answers = [str(m["content"]) for m in messages if m["role"] == "tool"]
+    if users[0].startswith("ask") and not answers:
+        question = {"name": "ask_parent", "arguments": {"question": "Which color?"}}
+        return {"tool_calls": [question], "delay": 0.3}
+    return {"text": "read: " + " | ".join(users + answers), "delay": 0.3}
+
+
+async def started(child: ChildHandle) -> None:
+    while not child.log:
+        await anyio.sleep(0.01)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_message_during_the_last_step_opens_a_turn(transport: str, tmp_path: Path) -> None:
+    """A turn in its last allowed step reads no more input: the message used
+    to be queued into it anyway and never read (the turn ended at its step
+    budget). Now the step refuses it and it opens the next turn."""
+    with anyio.fail_after(20):
+        async with session_for(transport, tmp_path, last_step) as session:
+            plane = ControlPlane(session)
+            child = await plane.spawn_agent("coder", "one step", max_turns=1)
+            await started(child)
+            sent = await plane.send_message(child.child_id, "hurry")
+            result = await plane.wait_agent(child.child_id)
+            plane.close()
+    assert sent["mode"] == "turn"
+    assert result["result"] == "read: one step | hurry"
+
+
+async def test_steering_a_turn_that_ends_with_a_question_answers_it(tmp_path: Path) -> None:
+    """Steering the turn took while its last step was asking a question (so
+    no boundary came to read it) opens the next turn, as the answer.
+
+    In process only: a role server keeps such steering for the task's next
+    turn, read at its first step boundary once the parent answers."""
+    with anyio.fail_after(20):
+        async with session_for("local", tmp_path, last_step) as session:
+            plane = ControlPlane(session)
+            child = await plane.spawn_agent("coder", "ask away")
+            await started(child)
+            sent = await plane.send_message(child.child_id, "blue")
+            result = await plane.wait_agent(child.child_id)
+            plane.close()
+    assert sent["mode"] == "steer"
+    assert [e.kind for e in child.log if e.kind in ("input_required", "done")] == [
+        "input_required",
+        "done",
+    ]
+    assert result["result"] == "read: ask away | blue"

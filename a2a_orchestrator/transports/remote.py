@@ -218,9 +218,13 @@ class RemoteRun:
         self._cancel_requested = False
         self._ended = False
         self._contact = 0.0
-        # Steering held until the agent runs this turn (`_live`), in order.
+        # Steering held until the agent runs this turn (`_live`), in order;
+        # sent by one task at a time, so none is sent twice.
         self._held: list[str] = []
         self._live = False
+        self._sending = anyio.Lock()
+        # The agent said this turn reads no more steering: it is not asked again.
+        self._past_steering = False
 
     @property
     def model(self) -> str:
@@ -277,6 +281,7 @@ class RemoteRun:
         self._cancel_requested = False
         self._ended = False
         self._live = False
+        self._past_steering = False
         self._heard()
 
         async def watched(event: ChildEvent) -> None:
@@ -284,10 +289,11 @@ class RemoteRun:
             self._ended = self._ended or event.kind in TERMINAL_KINDS
             if self._ended:
                 self._live = False
-            elif self.task_id and not self._live:
+            elif self.task_id and not self._past_steering:
                 # The agent runs this turn now: steering can reach it.
                 self._live = True
-                await self._send_held()
+                if self._held:
+                    await self._send_held()
 
         # A turn resumed after a restart keeps the deadline it started with.
         left = self.turn_timeout + self.delegate.deadline_grace
@@ -301,7 +307,10 @@ class RemoteRun:
                 await self._time_out(watched)
         finally:
             self._live = False
-        unsent, self._held = self._held, []
+        # After a send in flight has its answer: what the agent took is not
+        # handed back as well.
+        async with self._sending:
+            unsent, self._held = self._held, []
         return unsent
 
     async def _play(self, text: str | None, emit: Emit) -> None:
@@ -617,35 +626,43 @@ class RemoteRun:
     async def steer(self, text: str) -> bool:
         await self._controllable("steer")
         if not self._live or self._held:
-            # Not running on the agent yet (no task, or not started): held,
-            # behind earlier held steering, and sent once it runs.
+            # Not running on the agent yet (no task, or not started), or
+            # behind steering still held: held in order, and sent once it
+            # runs; what the turn ends without sending, `turn` hands back.
             self._held.append(text)
+            if self._live:
+                await self._send_held()
             return True
         return await self._steer_now(text)
 
     async def _steer_now(self, text: str) -> bool:
-        """Steer the running task; False when the agent says its turn is over."""
+        """Steer the running task; False when the agent says its turn is
+        over or past its last step boundary (then so is this run's steering)."""
         try:
             await self._control("steer", text)
         except ProtocolError as exc:
             cause = exc.__cause__
             if isinstance(cause, InvalidParamsError) and _NOT_RUNNING in cause.message:
+                self._past_steering = True
+                self._live = False
                 return False
             raise
         return True
 
     async def _send_held(self) -> None:
         """Send held steering now that the agent runs the turn; what it
-        refuses, or what cannot be sent, stays held for the next turn."""
-        while self._held and self._live:
-            try:
-                taken = await self._steer_now(self._held[0])
-            except DelegationError as exc:
-                logger.info("held steering for %s not sent: %s", self.url, exc)
-                return
-            if not taken:
-                return
-            self._held.pop(0)
+        refuses, or what cannot be sent, stays held (tried again at the
+        turn's next event, else handed back as the next turn's input)."""
+        async with self._sending:
+            while self._held and self._live:
+                try:
+                    taken = await self._steer_now(self._held[0])
+                except DelegationError as exc:
+                    logger.info("held steering for %s not sent: %s", self.url, exc)
+                    return
+                if not taken:
+                    return
+                self._held.pop(0)
 
     async def history(self) -> list[ChatMessage]:
         """The task's conversation, read back from its history with GetTask."""
