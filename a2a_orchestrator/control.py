@@ -233,19 +233,11 @@ class ControlPlane:
         tools: Sequence[str] | None = None,
         **config: Any,
     ) -> ChildHandle:
-        """Spawn one child; `SpawnRefusedError` when the gate or a hook says
+        """Spawn one child; `SpawnRefusedError` when a hook or the gate says
         no, `ConfigError` for an unknown agent or a model not offered."""
         if model is not None:
             self._check_model(role, model)
-        # Spawns in flight hold their slot, so concurrent spawns cannot all
-        # pass the gate before any of them is counted.
-        if self.running_count() + self._reserved >= self.max_concurrent:
-            raise SpawnRefusedError(GATE_MESSAGE)
-        self._reserved += 1
-        try:
-            return await self._spawn(role, prompt, model, system_prompt, tools, config)
-        finally:
-            self._reserved -= 1
+        return await self._spawn(role, prompt, model, system_prompt, tools, config)
 
     def _check_model(self, agent: str, model: object) -> None:
         """Refuse a model the operator does not offer for `agent`'s role: the
@@ -287,9 +279,19 @@ class ControlPlane:
         deny = await self.hooks.before_spawn(info)
         if deny is not None:
             raise SpawnRefusedError(f"Subagent spawn denied: {deny.reason}")
-        handle = await self.session.spawn(
-            child_config, parent_id=self.parent_id, depth=self.depth + 1
-        )
+        # The gate after the hooks (the seed's order): a spawn a hook denies,
+        # or one still waiting for its hooks, takes no slot from another.
+        # Spawns in flight hold their slot, so concurrent spawns cannot all
+        # pass the gate before any of them is counted.
+        if self.running_count() + self._reserved >= self.max_concurrent:
+            raise SpawnRefusedError(GATE_MESSAGE)
+        self._reserved += 1
+        try:
+            handle = await self.session.spawn(
+                child_config, parent_id=self.parent_id, depth=self.depth + 1
+            )
+        finally:
+            self._reserved -= 1
         await self.hooks.notify(
             "spawn.after",
             SpawnInfo(

@@ -115,7 +115,10 @@ class ChildConfig:
     max_turns: int | None = None
     """Model calls per turn; None keeps the role's (10 unless the role says)."""
     timeout: float | None = None
-    """Seconds per turn; None keeps the role's (60 unless the role says)."""
+    """Seconds per turn; None keeps the role's (60 unless the role says).
+    0 means no time limit of the caller's own (cloop's zero timeout): an
+    in-process child then runs without one, while a remote child keeps its
+    role server's, since a caller over A2A may lower that limit, never lift it."""
     shared_context: tuple[ChatMessage, ...] = ()
     """Messages the child starts with. Empty: an isolated context (the default)."""
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -138,7 +141,8 @@ class ChildConfig:
             data["model"] = self.model
         if self.max_turns is not None:
             data["max_turns"] = self.max_turns
-        if self.timeout is not None:
+        # No limit is not sent: a role server refuses to have its own lifted.
+        if self.timeout is not None and not self.unlimited:
             data["timeout"] = self.timeout
         if self.shared_context:
             context = self.shared_context
@@ -148,6 +152,12 @@ class ChildConfig:
                 else context
             )
         return data
+
+    @property
+    def unlimited(self) -> bool:
+        """`timeout=0`: the caller sets no time limit (see `timeout`)."""
+        value = self.timeout
+        return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -41,6 +41,7 @@ from .errors import ConfigError
 from .events import ChildEvent, Failed, InputRequired
 from .journal import CallJournal, ToolJournal
 from .models.base import ChatMessage, Model
+from .models.config import limit_model
 from .overrides import Overrides, check_wire_overrides, offered_models, parse_overrides
 from .roles import Role
 from .runtime import ASK_PARENT, Conversation
@@ -157,7 +158,8 @@ def role_conversation(
     )
     tools += [extra[name] for name in role.tools if name in extra]
     return Conversation(
-        model=model,
+        # The role file's model_timeout / model_retries, where it sets them.
+        model=limit_model(model, timeout=role.model_timeout, retries=role.model_retries),
         system_prompt=role.prompt,
         tools=tools,
         ask_parent=ASK_PARENT in role.tools,
@@ -277,6 +279,10 @@ class RoleExecutor(AgentExecutor):
                 history=[context.message] if context.message else [],
             )
             await event_queue.enqueue_event(task)
+            if self.task_store is not None and context.call_context is not None:
+                # On disk before any tool can run: after a crash the task is
+                # found again (and marked lost), never sent and run a second time.
+                await self.task_store.save(task, context.call_context)
 
         async def emit(event: ChildEvent) -> None:
             await publish(updater, event)

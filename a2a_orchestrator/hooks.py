@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import shlex
+import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -121,8 +122,19 @@ def _command_hook(command: str, point: HookPoint, cwd: Path) -> Hook:
 
     async def run(info: SpawnInfo | CompleteInfo) -> Deny | None:
         payload = json.dumps({"hook": point, **asdict(info)}).encode()
-        with anyio.move_on_after(_COMMAND_TIMEOUT) as scope:
-            result = await anyio.run_process(argv, input=payload, check=False, cwd=cwd)
+        # stdin from a file, not a pipe: a hook that exits without reading
+        # its payload must not break the spawn with a broken pipe.
+        with tempfile.TemporaryFile() as stdin:
+            stdin.write(payload)
+            stdin.seek(0)
+            try:
+                with anyio.move_on_after(_COMMAND_TIMEOUT) as scope:
+                    result = await anyio.run_process(argv, stdin=stdin, check=False, cwd=cwd)
+            except OSError as exc:
+                if point == "spawn.before":
+                    return Deny(f"hook {command!r} could not run: {exc}")
+                logger.warning("%s hook %r could not run: %s", point, command, exc)
+                return None
         if scope.cancelled_caught:
             if point == "spawn.before":
                 return Deny(f"hook {command!r} timed out")

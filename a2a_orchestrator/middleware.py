@@ -93,15 +93,27 @@ class BodyLimitMiddleware:
     """
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY, timeout: float = DEFAULT_BODY_TIMEOUT
+        self,
+        app: ASGIApp,
+        max_bytes: int = DEFAULT_MAX_BODY,
+        timeout: float = DEFAULT_BODY_TIMEOUT,
+        bodyless_paths: Collection[str] = (),
     ) -> None:
+        """`bodyless_paths` (the public agent card) take GET and HEAD only:
+        any other method is a 405 with the body unread, so a client without a
+        token cannot make the server buffer a body there."""
         self.app = app
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.bodyless = frozenset(bodyless_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["path"] in self.bodyless and scope["method"] not in ("GET", "HEAD"):
+            detail = f"{scope['path']} takes GET only"
+            await _refuse(send, 405, "method not allowed", detail, close=True)
             return
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:

@@ -105,6 +105,8 @@ class PassOptions:
     model: str | None = None
     max_turns: int | None = None
     timeout: float | None = None
+    """Seconds per pass; None keeps each role's limit, and 0 means none, as in
+    cloop (in-process passes run unlimited; a remote one keeps its server's)."""
     architect: str = "architect"
     """Agent name or role for each pass."""
     coder: str = "coder"

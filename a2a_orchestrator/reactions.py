@@ -15,11 +15,14 @@ the child (pause, resume, interrupt, terminate):
     once = true
 
 Injections go to the parent's transcript in the store and, when the parent
-is an agent of this process, to its inbox.
+is an agent of this process, to its inbox. A template that fails on an event
+(whatever the error) is recorded as an `inject_failed` event naming the rule,
+and the rules after it still run.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,8 @@ __all__ = ["REACTION_SIGNALS", "Reaction", "Reactions", "load_reactions"]
 
 REACTION_SIGNALS = ("pause", "resume", "interrupt", "terminate")
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Reaction:
@@ -44,6 +49,8 @@ class Reaction:
     inject: str | None = None
     signal: str | None = None
     once: bool = False
+    name: str = ""
+    """Where the rule comes from (`<file>: reaction <n>`), for the records that name it."""
 
 
 def load_reactions(path: str | Path) -> list[Reaction]:
@@ -73,6 +80,7 @@ def load_reactions(path: str | Path) -> list[Reaction]:
                 inject=rule.get("inject"),
                 signal=rule.get("signal"),
                 once=bool(rule.get("once", False)),
+                name=where,
             )
         )
     return reactions
@@ -109,7 +117,18 @@ class Reactions:
     async def _apply(self, rule: Reaction, handle: ChildHandle, event: ChildEvent) -> None:
         session = self.plane.session
         if rule.inject is not None:
-            text = render_inject(rule.inject, event_context(handle, event))
+            try:
+                text = render_inject(rule.inject, event_context(handle, event))
+            except ControlError as exc:
+                # The rule's fault, not the child's: record it and go on.
+                logger.warning("%s: %s", rule.name or "reaction", exc)
+                await session.store.append_event(
+                    session.id,
+                    "inject_failed",
+                    {"reaction": rule.name, "error": str(exc), "from_child": handle.child_id},
+                    child_id=self.plane.parent_id or None,
+                )
+                return
             await session.store.append_event(
                 session.id,
                 "inject",

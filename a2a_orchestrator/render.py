@@ -3,16 +3,16 @@
 Terminal normalisation: whatever way a child ended, the parent gets one of
 two shapes, completed (the child's text, or a fixed text when it said
 nothing) or failed (a fixed text per reason, then a sentence telling the
-parent what to do). The rendered block is cut to a token budget by
-bisection; the full result stays in the store, retrievable by child id.
+parent what to do). The payload is cut to a token budget by bisection
+(`tokens.py` estimates the counts); a failure's closing sentence is kept
+after the cut, so a parent always reads that the child did not finish. The
+full result stays in the store, retrievable by child id.
 """
 
 from __future__ import annotations
 
-import math
-import re
-
 from .events import ChildEvent, Done, Failed
+from .tokens import count_tokens, prefix_within
 
 __all__ = [
     "ABORTED_TEXT",
@@ -36,33 +36,24 @@ DID_NOT_FINISH = "The subagent did not finish. Spawn it again if the task is sti
 TRUNCATED = "…[truncated]"
 PAYLOAD_TOKEN_BUDGET = 900
 
-_TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-def count_tokens(text: str) -> int:
-    """An estimate of a model's token count, without a tokenizer download.
-
-    Words and punctuation marks count one each, long words one per four
-    characters: close to BPE tokenizers on English and code, and never zero
-    for non-empty text.
-    """
-    return sum(max(1, math.ceil(len(piece) / 4)) for piece in _TOKEN.findall(text))
+_CLOSING = f"\n\n{DID_NOT_FINISH}"
 
 
 def truncate_to_budget(text: str, budget: int = PAYLOAD_TOKEN_BUDGET) -> str:
     """`text` if it fits `budget` tokens, else its longest prefix that fits
-    with `…[truncated]` appended (found by bisection over the length)."""
-    if count_tokens(text) <= budget:
+    with `…[truncated]` appended. A failure's closing sentence
+    (`DID_NOT_FINISH`) is not part of what is cut: it follows the marker."""
+    if prefix_within(text, budget) == len(text):  # reads no further than the budget
         return text
-    room = budget - count_tokens(TRUNCATED)
-    low, high = 0, len(text)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if count_tokens(text[:middle]) <= room:
-            low = middle
-        else:
-            high = middle - 1
-    return text[:low].rstrip() + TRUNCATED
+    head, tail = (text[: -len(_CLOSING)], _CLOSING) if text.endswith(_CLOSING) else (text, "")
+    room = budget - count_tokens(TRUNCATED) - count_tokens(tail)
+    while True:
+        cut = head[: prefix_within(head, max(0, room))].rstrip() + TRUNCATED + tail
+        # Pieces can join differently across the seam with the marker; in
+        # the rare case that costs a token more, cut a little shorter.
+        if count_tokens(cut) <= budget or room <= 0:
+            return cut
+        room -= 1
 
 
 def normalise(event: ChildEvent) -> tuple[str, str]:

@@ -2,7 +2,8 @@
 
 A role file is either Markdown with YAML front matter (the body is the
 prompt) or JSON in the Creo shape (`prompt`, `model`, `skills`, `tools`, and
-optionally `description`, `max_turns`, `timeout`, `models`, `sandbox_network`).
+optionally `description`, `max_turns`, `timeout`, `models`, `sandbox_network`,
+`model_timeout`, `model_retries`).
 Either way the role's name is the file's stem; a `name` field, when present, must agree with it.
 
 Lookup contract: `role_dirs()` lists the directories in priority order, and
@@ -59,6 +60,8 @@ _MARKDOWN_FIELDS = frozenset(
         "max_turns",
         "timeout",
         "sandbox_network",
+        "model_timeout",
+        "model_retries",
     }
 )
 _JSON_FIELDS = _MARKDOWN_FIELDS | {"prompt"}
@@ -92,6 +95,14 @@ class Role:
     sandbox_network: bool = False
     """Whether `run_command`'s sandbox lets this role's commands use the
     network. Set by the role file only: a child's configuration cannot."""
+    model_timeout: float | None = None
+    """Seconds without a byte from the model endpoint before a model call is
+    retried or fails, 0 for no limit; `None` keeps the operator's
+    `A2A_MODEL_TIMEOUT` (15 s). Raise it for a model that thinks long before
+    its first token. Set by the role file only."""
+    model_retries: int | None = None
+    """Attempts after the first for one model call; `None` keeps the
+    operator's `A2A_MODEL_RETRIES` (2). Set by the role file only."""
     source: Path | None = None
     """The file the role was loaded from; `None` for roles built in code."""
 
@@ -352,6 +363,20 @@ def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> 
         raise RoleFileError(
             where, f"must be true or false, got {sandbox_network!r}", field="sandbox_network"
         )
+    model_timeout = fields.get("model_timeout")
+    if model_timeout is not None and not _is_seconds_or_zero(model_timeout):
+        raise RoleFileError(
+            where,
+            f"must be a number of seconds, 0 for no limit, got {model_timeout!r}",
+            field="model_timeout",
+        )
+    model_retries = fields.get("model_retries")
+    if model_retries is not None and not _is_count(model_retries):
+        raise RoleFileError(
+            where,
+            f"must be a whole number, 0 or more, got {model_retries!r}",
+            field="model_retries",
+        )
     return Role(
         name=name,
         description=description.strip(),
@@ -363,6 +388,8 @@ def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> 
         max_turns=max_turns,
         timeout=float(timeout),
         sandbox_network=sandbox_network,
+        model_timeout=None if model_timeout is None else float(model_timeout),
+        model_retries=model_retries,
         source=path,
     )
 
@@ -390,4 +417,16 @@ def _is_positive_number(value: object) -> bool:
         and not isinstance(value, bool)
         and math.isfinite(value)
         and value > 0
+    )
+
+
+def _is_seconds_or_zero(value: object) -> bool:
+    return _is_positive_number(value) or (
+        isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+    )
+
+
+def _is_count(value: object) -> bool:
+    return _is_positive_int(value) or (
+        isinstance(value, int) and not isinstance(value, bool) and value == 0
     )

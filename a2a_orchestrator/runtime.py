@@ -23,12 +23,13 @@ Contract kept here:
   does not count against the timeout.
 - `steer(text)` and `deliver(uuid, text)` queue input that the loop absorbs at
   step boundaries, never at step 0: steering first, then child results.
-  Child results are de-duplicated by their event uuid.
+  Input queued between turns is taken when the next turn starts, so its
+  first model call sees it. Child results are de-duplicated by their uuid.
 - `offer(text)` is steering for the running turn only, decided at once: True
   while the turn can still read it, False (nothing queued) once the turn has
   passed its last step boundary or none runs. A turn that ends with offered
-  steering unread (its last step asked a question, ran out of steps, or was
-  stopped) leaves it for `take_steering()`, so nothing offered is lost.
+  steering unread (its last step asked a question, or it was stopped) leaves
+  it for `take_steering()`, so nothing offered is lost.
 """
 
 from __future__ import annotations
@@ -222,8 +223,18 @@ class Conversation:
         self._aborted = None
         self._accepting = True
         try:
+            # Input queued while no turn ran (an injection, a child's result)
+            # is this turn's from its first model call, ahead of the turn's own
+            # input as the store has them; "never at step 0" is for input that
+            # arrives during a turn. An `ask_parent` answer must directly
+            # follow its call, so then the queued input comes after it.
+            answering = text is not None and self.pending_question is not None
+            if not answering:
+                self._absorb()
             if text is not None:
                 self._take_input(text)
+            if answering:
+                self._absorb()
             await emit(Started(role=self.role, model=self.model.name))
             terminal: ChildEvent | None = None
             with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as scope:

@@ -1,8 +1,8 @@
 """Selecting child events, and rendering what to say about them.
 
 A selector `{kind?, tool?, success?, contains?}` picks events of a child;
-an inject template (Jinja, in a sandbox) turns a picked event into text.
-Shared by supervisor subscriptions and by reactions.
+an inject template (Jinja, in a bounded sandbox: `templates.py`) turns a
+picked event into text. Shared by supervisor subscriptions and by reactions.
 """
 
 from __future__ import annotations
@@ -11,10 +11,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import jinja2
-from jinja2.exceptions import SecurityError
-from jinja2.sandbox import SandboxedEnvironment
 
 from .delegation import ChildHandle
 from .errors import ControlError
@@ -28,6 +24,7 @@ from .events import (
     ToolResult,
     event_to_dict,
 )
+from .templates import render_inject
 
 __all__ = ["EVENT_KINDS", "Selector", "event_context", "render_inject"]
 
@@ -42,19 +39,6 @@ EVENT_KINDS = {
 }
 """Selector kinds and the child event kinds they select (`error`: a failure
 whose reason is an error, not a budget, an abort or a timeout)."""
-
-
-class _Undefined(jinja2.ChainableUndefined):
-    """A missing field renders empty (events differ in their fields); an unsafe
-    attribute fails at once instead of rendering empty the same way."""
-
-    def __init__(self, hint: str | None = None, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("exc") is SecurityError:
-            raise SecurityError(hint or "unsafe access in an inject template")
-        super().__init__(hint, *args, **kwargs)
-
-
-_SANDBOX = SandboxedEnvironment(autoescape=False, undefined=_Undefined)
 
 
 def event_context(handle: ChildHandle, event: ChildEvent) -> dict[str, Any]:
@@ -77,14 +61,6 @@ def event_context(handle: ChildHandle, event: ChildEvent) -> dict[str, Any]:
         case _:
             context["content"] = ""
     return context
-
-
-def render_inject(template: str, context: Mapping[str, Any]) -> str:
-    """Render an inject template in the sandbox; errors say what is wrong."""
-    try:
-        return _SANDBOX.from_string(template).render(event=context)
-    except jinja2.TemplateError as exc:
-        raise ControlError(f"inject template: {exc}") from exc
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -314,7 +314,14 @@ def build_app(
         *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
         *create_rest_routes(handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True),
     ]
-    middleware = [Middleware(BodyLimitMiddleware, max_bytes=max_body, timeout=body_timeout)]
+    middleware = [
+        Middleware(
+            BodyLimitMiddleware,
+            max_bytes=max_body,
+            timeout=body_timeout,
+            bodyless_paths={AGENT_CARD_WELL_KNOWN_PATH},
+        )
+    ]
     if token:
         backend = BearerTokenBackend(token, public_paths={AGENT_CARD_WELL_KNOWN_PATH})
         # Outermost (first): a request without the token is refused on its

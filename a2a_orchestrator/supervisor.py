@@ -7,9 +7,12 @@ subscriptions, send, pause, resume, stop, status, session. Also a Python API
 A subscription selects events (`{kind?, tool?, success?, contains?}`) of one
 child or of any direct child (optionally of one role). When one matches:
 the child is paused first if `pause_child`; the `inject` template is rendered
-in a Jinja sandbox with `event` in its context and put into the parent's
+in a bounded Jinja sandbox (`templates.py`; a template that fails is stored
+as an `inject_failed` event naming the subscription, and the subscriptions
+after it still run) with `event` in its context and put into the parent's
 context (its transcript, then its inbox; with `run_turn` a parent that is
-idle starts a turn on it at once, otherwise it sees it at its next step);
+idle starts a turn on it at once; otherwise a running parent reads it at its
+next step, an idle one in the first model call of its next turn);
 the child is resumed right after if `resume_after`; a `once` subscription is
 then removed. Subscriptions are stored, so they outlive a restart.
 

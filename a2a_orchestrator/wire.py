@@ -19,6 +19,11 @@ a foreign A2A agent's plain status updates and artifacts decode to the
 closest events (`StreamDecoder`). Agent status messages end up in the task's
 history, so a conversation can be rebuilt from a stored task
 (`transcript_from_history`) after a restart.
+
+Numbers: metadata and data parts are protobuf `Struct`s, where every number
+is a double, so a usage of `{"input_tokens": 565}` reads `565.0` in the
+wire's JSON. Our reader turns whole numbers back into ints (`plain`) before
+anything stores or shows them.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ __all__ = [
     "RESULT_ARTIFACT",
     "StreamDecoder",
     "history_entries",
+    "plain",
     "publish",
     "transcript_from_history",
 ]
@@ -127,14 +133,34 @@ async def _status(
     await updater.update_status(state, message)
 
 
+# Whole doubles up to here are exactly the ints they were sent as.
+_EXACT = 2**53
+
+
+def plain(value: Any) -> Any:
+    """A decoded `Struct` value with its whole numbers as ints again.
+
+    A `Struct` keeps every number as a double, so 565 comes back as 565.0;
+    a whole number within 2**53 was an int (or is one as well as JSON can
+    tell). Other values, nested in lists and dicts, are kept as they are.
+    """
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
 def _meta(message: Message) -> dict[str, Any]:
-    return MessageToDict(message.metadata) if message.HasField("metadata") else {}
+    return plain(MessageToDict(message.metadata)) if message.HasField("metadata") else {}
 
 
 def _data(message: Message) -> dict[str, Any]:
     for part in message.parts:
         if part.HasField("data"):
-            value = MessageToDict(part.data)
+            value = plain(MessageToDict(part.data))
             if isinstance(value, dict):
                 return value
     return {}

@@ -175,11 +175,13 @@ def _serve(work: Path, port: int, db: Path, no_sandbox: bool) -> tuple[subproces
         env=_env(no_sandbox, A2A_MODEL_SCRIPT=str(script_file)),
     )
     assert process.stdout is not None
-    match = re.search(r"serving A2A at (http://\S+)", process.stdout.readline())
-    if match is None:
-        process.kill()
-        raise RuntimeError("the role server did not start")
-    return process, match.group(1)
+    # Start-up lines (the sandbox's, the model's) come before the address.
+    for line in process.stdout:
+        match = re.search(r"serving A2A at (http://\S+)", line)
+        if match is not None:
+            return process, match.group(1)
+    process.kill()
+    raise RuntimeError("the role server did not start")
 
 
 async def role_server_trial(work: Path, delay: float, no_sandbox: bool) -> Counter[str]:

@@ -187,6 +187,8 @@ def test_model_and_token_come_from_the_host(services: dict[str, dict[str, Any]],
         "A2A_MODEL_API_KEY",
         "A2A_MODEL_DEFAULT",
         "A2A_MODEL_MINI",
+        "A2A_MODEL_TIMEOUT",
+        "A2A_MODEL_RETRIES",
     ):
         assert env.get(var) == f"${{{var}:-}}", f"{name}: {var}"
     # Required, not defaulted: compose refuses to start without a token.
@@ -361,3 +363,12 @@ def test_dockerignore_keeps_local_state_out() -> None:
     # Nothing the image is built from may be ignored.
     for needed in ("pyproject.toml", "README.md", "a2a_orchestrator", "roles", "agents"):
         assert needed not in patterns
+
+
+def test_servers_do_not_read_configuration_from_the_shared_work_volume() -> None:
+    # Lookups read ./roles, ./agents and ./.a2a of the current directory;
+    # /work is writable by every role's (unsandboxed) commands.
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name, service in compose["services"].items():
+        assert service.get("working_dir") == "/home/a2a", name
+        assert "--workdir" in service["command"], name

@@ -224,8 +224,9 @@ async def test_openai_model_sends_no_tools_when_none_and_passes_the_key() -> Non
     assert request["authorization"] == "Bearer sk-test"
 
 
-async def test_openai_model_delivers_tool_calls_without_finish_reason() -> None:
-    # Some local servers end the stream without ever sending a finish_reason.
+async def test_openai_model_refuses_tool_calls_without_finish_reason() -> None:
+    # Without a finish reason the calls may be cut short: a failure, not an answer
+    # (retries and their limits are tested in test_model_client.py).
     fake = FakeOpenAI(
         [
             chunk({"tool_calls": [call_fragment(0, id="c1", name="read_file", arguments="{}")]}),
@@ -233,9 +234,10 @@ async def test_openai_model_delivers_tool_calls_without_finish_reason() -> None:
     )
     with anyio.fail_after(10):
         async with serving(fake.app) as url:
-            async with OpenAIModel("gpt-test", base_url=url, api_key=None) as model:
-                items = await collect(model)
-    assert items == [ToolCall(id="c1", name="read_file", arguments={})]
+            async with OpenAIModel("gpt-test", base_url=url, api_key=None, retries=0) as model:
+                with pytest.raises(ModelError, match="without a finish reason"):
+                    await collect(model)
+    assert len(fake.requests) == 1
 
 
 async def test_openai_model_unreachable_endpoint() -> None:
@@ -245,7 +247,7 @@ async def test_openai_model_unreachable_endpoint() -> None:
     sock.close()  # nothing listens there now
     url = f"http://127.0.0.1:{port}/v1"
     with anyio.fail_after(10):
-        async with OpenAIModel("gpt-x", base_url=url, api_key=None, max_retries=0) as model:
+        async with OpenAIModel("gpt-x", base_url=url, api_key=None, retries=0) as model:
             with pytest.raises(ModelError) as info:
                 await collect(model)
     message = str(info.value)
@@ -272,7 +274,7 @@ async def test_openai_model_error_status() -> None:
     fake.status = 503
     with anyio.fail_after(10):
         async with serving(fake.app) as url:
-            async with OpenAIModel("gpt-test", base_url=url, api_key=None, max_retries=0) as m:
+            async with OpenAIModel("gpt-test", base_url=url, api_key=None, retries=0) as m:
                 with pytest.raises(ModelError, match="answered HTTP 503"):
                     await collect(m)
 

@@ -54,3 +54,31 @@ def test_budget_by_bisection() -> None:
     next_word = text[len(body) :].split()[0]
     assert count_tokens(body + " " + next_word + TRUNCATED) > 900
     assert count_tokens("") == 0 and count_tokens("a") == 1
+
+
+def test_a_long_failure_keeps_its_closing_sentence() -> None:
+    status, payload = normalise(Failed(reason="error", message="Traceback line\n" * 3000))
+    cut = truncate_to_budget(payload)
+    assert status == "failed"
+    # Only the failure text is cut; the parent still reads what to do.
+    assert cut.endswith(TRUNCATED + "\n\n" + DID_NOT_FINISH)
+    assert cut.startswith("Traceback line\n") and count_tokens(cut) <= 900
+    block = render_final_answer("parent", "child", payload)
+    assert block.endswith(DID_NOT_FINISH) and TRUNCATED in block
+    # A completed result that merely ends with the same words is not special:
+    # it is a payload like any other, and the sentence is what gets cut.
+    done = "x " * 3000 + DID_NOT_FINISH
+    assert truncate_to_budget(done).endswith(TRUNCATED)
+
+
+def test_cjk_and_code_are_cut_near_a_real_tokenizer_budget() -> None:
+    chinese = "子智能体是独立运行的会话\uff0c完成后把结果回注到父会话。" * 200
+    cut = truncate_to_budget(chinese)
+    body = cut[: -len(TRUNCATED)]
+    assert chinese.startswith(body) and count_tokens(cut) <= 900
+    # About a token per character: 900 tokens are some 700-900 characters,
+    # not the ~3 600 the old per-word estimate let through.
+    assert 600 <= len(body) <= 900
+    code = "def f(x):\n    return {k: v**2 for k, v in x.items() if v}\n" * 200
+    body = truncate_to_budget(code)[: -len(TRUNCATED)]
+    assert code.startswith(body) and 2000 <= len(body) <= 3500

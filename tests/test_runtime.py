@@ -215,19 +215,36 @@ async def test_inbox_absorbed_at_step_boundary_steering_first_deduped(tmp_path: 
     def script(messages: Any) -> dict[str, Any]:
         inbox_seen.append([m["content"] for m in messages if m["role"] == "user"])
         if len(inbox_seen) == 1:
+            # Input arriving during step 0 waits for the next step boundary.
+            conv.deliver("uuid-1", "child result")
+            assert not conv.deliver("uuid-1", "child result again")  # same uuid: dropped
+            conv.steer("steer: hurry")
             return {"tool_calls": [{"name": "read_file", "arguments": {"path": "x"}}]}
         return {"text": "ok"}
 
     conv = Conversation(model=ScriptedModel(script))
-    conv.deliver("uuid-1", "child result")
-    assert not conv.deliver("uuid-1", "child result again")  # same uuid: dropped
-    conv.steer("steer: hurry")
     rec = Recorder()
     with anyio.fail_after(10):
         await conv.run("task", rec)
     # Step 0 saw only the task; step 1 saw steering first, then the child result.
     assert inbox_seen[0] == ["task"]
     assert inbox_seen[1] == ["task", "steer: hurry", "child result"]
+
+
+async def test_input_queued_between_turns_is_in_the_first_model_call(tmp_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    def script(messages: Any) -> dict[str, Any]:
+        seen.append([m["content"] for m in messages if m["role"] == "user"])
+        return {"text": "ok"}
+
+    conv = Conversation(model=ScriptedModel(script))
+    conv.deliver("uuid-1", "child result")
+    conv.steer("injected")
+    with anyio.fail_after(10):
+        await conv.run("task", Recorder())
+    # One model call, with what was waiting ahead of the turn's own input.
+    assert seen == [["injected", "child result", "task"]]
 
 
 async def test_conversations_are_isolated(tmp_path: Path) -> None:
@@ -269,3 +286,19 @@ async def test_event_dicts_round_trip() -> None:
         assert event_from_dict(event_to_dict(event)) == event
     with pytest.raises(ValueError):
         event_from_dict({"kind": "nope"})
+
+
+async def test_an_answer_to_ask_parent_comes_before_queued_input(tmp_path: Path) -> None:
+    def script(messages: Any) -> dict[str, Any]:
+        if not any(m["role"] == "tool" for m in messages):
+            return {"tool_calls": [{"name": "ask_parent", "arguments": {"question": "Color?"}}]}
+        return {"text": "ok"}
+
+    conv = Conversation(model=ScriptedModel(script), ask_parent=True)
+    with anyio.fail_after(10):
+        await conv.run("task", Recorder())
+        conv.steer("injected")
+        await conv.run("blue", Recorder())
+    # The answer is the call's tool result, right after the call; then the rest.
+    tail = [(m["role"], m.get("content")) for m in conv.messages[-4:]]
+    assert tail[:3] == [("assistant", None), ("tool", "blue"), ("user", "injected")]

@@ -142,6 +142,24 @@ async def test_a_missing_state_directory_cannot_be_planted(work: Path) -> None:
 
 
 @needs_bwrap
+async def test_role_and_agent_files_of_the_work_directory_are_read_only(work: Path) -> None:
+    # An orchestrator started here reads them: a command must not grant a
+    # later child the network or new tools by writing one.
+    (work / "roles").mkdir()
+    (work / "roles" / "coder.md").write_text("---\ntools: [read_file]\n---\nsafe\n")
+    (work / "agents").mkdir()
+    out = await run(
+        command_tool(work),
+        "cat roles/coder.md; printf 'sandbox_network: true' > roles/coder.md; "
+        "echo 'name = \"x\"' > agents/x.toml; echo ok > other.txt",
+    )
+    assert "safe" in out and out.count("Read-only file system") == 2
+    assert (work / "roles" / "coder.md").read_text().endswith("safe\n")
+    assert not (work / "agents" / "x.toml").exists()
+    assert (work / "other.txt").read_text() == "ok\n"
+
+
+@needs_bwrap
 async def test_commands_have_no_capabilities(work: Path) -> None:
     # bwrap run by root keeps every capability unless told otherwise, and
     # root could then unmount what hides the stores.

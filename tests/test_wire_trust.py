@@ -374,6 +374,27 @@ async def test_unauthenticated_body_is_refused_before_it_is_read(tmp_path: Path)
     assert b"connection: close" in reply.lower()
 
 
+async def test_a_body_sent_to_the_public_card_is_refused_unread(tmp_path: Path) -> None:
+    # The card needs no token; a POST there must not make the server buffer
+    # a body for a client that never authenticated.
+    with anyio.fail_after(20):
+        async with served(tmp_path, ScriptedModel([]), token=TOKEN) as server:
+            stream = await anyio.connect_tcp("127.0.0.1", server.port)
+            async with stream:
+                await stream.send(
+                    b"POST /.well-known/agent-card.json HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    + f"Content-Length: {4 * 1024 * 1024}\r\n\r\n".encode()
+                    + b"0123456789"
+                )
+                with anyio.fail_after(3):
+                    reply = await _read_response(stream)
+            async with httpx.AsyncClient() as http:
+                card = await http.get(server.url + "/.well-known/agent-card.json")
+    assert reply.startswith(b"HTTP/1.1 405"), reply[:200]
+    assert b"connection: close" in reply.lower()
+    assert card.status_code == 200
+
+
 async def test_a_trickled_body_gets_408_within_the_deadline(tmp_path: Path) -> None:
     with anyio.fail_after(20):
         async with served(tmp_path, ScriptedModel([]), token=TOKEN, body_timeout=1.0) as server:

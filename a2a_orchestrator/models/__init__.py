@@ -20,6 +20,7 @@ from .config import OFFLINE_SCRIPT as OFFLINE_SCRIPT
 from .config import ModelSettings as ModelSettings
 from .config import describe_model as describe_model
 from .config import is_scripted as is_scripted
+from .config import limit_model as limit_model
 from .config import resolve_model as resolve_model
 from .openai import OpenAIModel as OpenAIModel
 from .scripted import ScriptedModel as ScriptedModel
@@ -47,5 +48,6 @@ __all__ = [
     "Usage",
     "describe_model",
     "is_scripted",
+    "limit_model",
     "resolve_model",
 ]

@@ -13,6 +13,12 @@ Environment:
     A2A_MODEL_DEFAULT   model for `default`    (gpt-4o)
     A2A_MODEL_MINI      model for `mini`       (gpt-4o-mini)
     A2A_MODEL_SCRIPT    script file the scripted model replays
+    A2A_MODEL_TIMEOUT   seconds without a byte before a model call is retried
+                        or fails; 0 for no limit (15)
+    A2A_MODEL_RETRIES   attempts after the first for one model call (2)
+
+A role file's `model_timeout` and `model_retries` replace the last two for
+that role (`limit_model`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Model
-from .openai import OpenAIModel
+from .openai import DEFAULT_RETRIES, DEFAULT_TIMEOUT, OpenAIModel, check_retries, check_timeout
 from .scripted import ScriptedModel
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "ModelSettings",
     "describe_model",
     "is_scripted",
+    "limit_model",
     "resolve_model",
 ]
 
@@ -73,11 +80,23 @@ class ModelSettings:
     """The model a role gets for `mini`."""
     script: str | None = None
     """A script file for the scripted model (used offline and for `scripted`)."""
+    timeout: float = DEFAULT_TIMEOUT
+    """Seconds without a byte from the endpoint before a model call is retried
+    or fails; 0 means no limit. A time between bytes, not for the whole answer."""
+    retries: int = DEFAULT_RETRIES
+    """Attempts after the first for one model call (dropped connections,
+    silence, a stream cut short, HTTP 429 / 5xx)."""
+
+    def __post_init__(self) -> None:
+        # Checked here so a bad value fails at start-up, not at the first call.
+        check_timeout(self.timeout, "model timeout")
+        check_retries(self.retries, "model retries")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ModelSettings:
         """Read the `A2A_MODEL_*` variables, falling back to `OPENAI_*` for the
-        endpoint and key. Empty values count as unset."""
+        endpoint and key. Empty values count as unset; a timeout or retry
+        count that is not a number raises `ConfigError` naming the variable."""
 
         def get(*names: str) -> str | None:
             for name in names:
@@ -92,6 +111,8 @@ class ModelSettings:
             default=get("A2A_MODEL_DEFAULT") or cls.default,
             mini=get("A2A_MODEL_MINI") or cls.mini,
             script=get("A2A_MODEL_SCRIPT"),
+            timeout=_number(get("A2A_MODEL_TIMEOUT"), "A2A_MODEL_TIMEOUT", cls.timeout),
+            retries=_count(get("A2A_MODEL_RETRIES"), "A2A_MODEL_RETRIES", cls.retries),
         )
 
     @property
@@ -126,7 +147,45 @@ def resolve_model(
         return ScriptedModel.from_file(concrete.removeprefix(_SCRIPTED + ":"))
     if concrete == _SCRIPTED or settings.offline:
         return _offline_model(settings, fallback_script)
-    return OpenAIModel(concrete, base_url=settings.base_url, api_key=settings.api_key)
+    return OpenAIModel(
+        concrete,
+        base_url=settings.base_url,
+        api_key=settings.api_key,
+        timeout=settings.timeout,
+        retries=settings.retries,
+    )
+
+
+def limit_model(model: Model, *, timeout: float | None, retries: int | None) -> Model:
+    """`model` with a role's own model call limits (`None` keeps the operator's).
+
+    Only a model that calls an endpoint has such limits; any other model (a
+    scripted one, one of your own) is returned as it is. Bad values raise
+    `ConfigError`.
+    """
+    if isinstance(model, OpenAIModel) and (timeout is not None or retries is not None):
+        return model.with_limits(timeout=timeout, retries=retries)
+    return model
+
+
+def _number(raw: str | None, name: str, default: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value: object = float(raw)
+    except ValueError:
+        value = raw  # refused by the check, which names the variable
+    return check_timeout(value, name)
+
+
+def _count(raw: str | None, name: str, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value: object = int(raw)
+    except ValueError:
+        value = raw
+    return check_retries(value, name)
 
 
 def _offline_model(

@@ -5,12 +5,39 @@ anything else that serves `/v1/chat/completions` with streaming. This module is
 the one boundary where the `openai` package's exceptions are translated: every
 one of them leaves as `ModelError`, naming the endpoint and the model, raised
 `from` the original.
+
+Failure contract (one model call = up to `1 + retries` attempts):
+
+- An answer is complete only when its choice carries a `finish_reason`. A
+  stream that ends without one (cut short by a proxy, a crashed server) is a
+  failure, never a shorter answer.
+- Retried, with exponential backoff and jitter: a refused or dropped
+  connection (before or during the stream), silence longer than `timeout`,
+  a stream without a finish reason, and HTTP 408 / 409 / 429 / 5xx (a
+  `Retry-After` is honoured up to the backoff cap). Not retried: bad
+  credentials, other 4xx, an error event in the stream, a malformed chunk,
+  a closed client. The `openai` package's own retries are off, so every
+  attempt is counted here, once.
+- `timeout` is "no byte for this many seconds" (connect, and each read),
+  not a limit on the whole answer: a long answer that keeps flowing is never
+  cut. 0 means no limit.
+- Text is handed on as it streams, so a retry may follow text the runtime
+  has already shown. The retry's answer is accepted only if it starts with
+  exactly that text (a deterministic endpoint, temperature 0, a cache); the
+  repeated part is not handed on again, so the turn's text is always one
+  complete answer of the endpoint. A retry that answers differently fails
+  the call with `ModelError`: repeating or contradicting text already shown
+  would be worse. Tool calls and usage are handed on only once the finish
+  reason arrived, so they never precede a retry.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
+import random
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -19,12 +46,20 @@ from typing import Any, Self
 import anyio
 import openai
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .base import ChatMessage, ModelItem, TextDelta, ToolCall, ToolSpec, Usage
 
-__all__ = ["OpenAIModel"]
+__all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT", "OpenAIModel", "check_retries", "check_timeout"]
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 15.0
+"""Seconds without a byte from the endpoint before an attempt fails. With
+`DEFAULT_RETRIES` a hung endpoint fails in about 47 s: under the 60 s a role's
+turn gets by default, so the turn reports the model, not its own timeout."""
+
+DEFAULT_RETRIES = 2
+"""Attempts after the first for one model call."""
 
 # Local servers (Ollama, vLLM, llama.cpp, LM Studio) accept any key, but the
 # openai client refuses to start without one; this stand-in is never a secret.
@@ -33,6 +68,15 @@ _DUMMY_API_KEY = "not-needed"
 # Closing the HTTP response after the consumer stopped must finish even while
 # a cancellation is being delivered, but must not hang the cancellation either.
 _CLOSE_TIMEOUT = 5.0
+
+# Backoff before retry n (0-based): a random 50-100 % of min(cap, base * 2**n),
+# so many children hitting one overloaded server do not retry in lockstep.
+_BACKOFF_BASE = 0.5
+_BACKOFF_CAP = 8.0
+
+# The statuses the openai package itself retries: timeouts, lock conflicts,
+# rate limits and server errors. Everything else is an answer, not a hiccup.
+_RETRY_STATUSES = frozenset({408, 409, 429})
 
 
 @dataclass
@@ -44,15 +88,25 @@ class _PendingCall:
     arguments: list[str] = field(default_factory=list)
 
 
+class _Retryable(Exception):
+    """One attempt failed in a way another attempt may not."""
+
+    def __init__(self, error: ModelError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
 class OpenAIModel:
     """A chat model behind an OpenAI-compatible `/v1/chat/completions` endpoint.
 
     `stream()` sends one streaming request and yields, in order: a `TextDelta`
     for every content delta, each complete `ToolCall` once the choice finishes
     (fragments joined by index; arguments that are not valid JSON arrive as
-    `{"_raw": text}`), and the `Usage` when the endpoint reports it. Any
-    failure (unreachable, timeout, bad credentials, error status, malformed
-    stream) raises `ModelError`.
+    `{"_raw": text}`), and the `Usage` when the endpoint reports it (whole
+    numbers of tokens). Failures are retried as the module docstring says;
+    what is not retried, or still fails on the last attempt, raises
+    `ModelError`.
 
     The model owns its HTTP client: close it with `aclose()` or use the model
     as an async context manager. Streaming after close raises `ModelError`.
@@ -64,21 +118,26 @@ class OpenAIModel:
         *,
         base_url: str | None,
         api_key: str | None,
-        timeout: float = 120,
-        max_retries: int = 2,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
         """Create the client; `base_url=None` means the openai default (or
-        `OPENAI_BASE_URL`), `api_key=None` means a local server that needs none."""
+        `OPENAI_BASE_URL`), `api_key=None` means a local server that needs none.
+        `timeout`: seconds without a byte before an attempt fails (0: no
+        limit); `retries`: attempts after the first. Bad limits raise
+        `ConfigError`."""
         self._model = model
+        self._timeout = check_timeout(timeout, "timeout")
+        self._retries = check_retries(retries, "retries")
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key or _DUMMY_API_KEY,
-            timeout=timeout,
-            max_retries=max_retries,
+            timeout=_http_timeout(self._timeout),
+            # Retries happen in `stream`, where a broken stream is seen too.
+            max_retries=0,
         )
         # The effective URL, after the client applied its default; used in errors.
         self._base_url = str(self._client.base_url).rstrip("/")
-        self._closed = False
 
     @property
     def name(self) -> str:
@@ -90,14 +149,36 @@ class OpenAIModel:
         """The endpoint's base URL (without the trailing slash)."""
         return self._base_url
 
+    @property
+    def timeout(self) -> float:
+        """Seconds without a byte before an attempt fails; 0 means no limit."""
+        return self._timeout
+
+    @property
+    def retries(self) -> int:
+        """Attempts after the first for one model call."""
+        return self._retries
+
+    def with_limits(
+        self, *, timeout: float | None = None, retries: int | None = None
+    ) -> OpenAIModel:
+        """This model with another `timeout` and/or `retries` (`None` keeps
+        the current one; bad values raise `ConfigError`). The copy shares the
+        HTTP client and its connections: closing either closes both."""
+        limited = copy.copy(self)
+        if timeout is not None:
+            limited._timeout = check_timeout(timeout, "timeout")
+        if retries is not None:
+            limited._retries = check_retries(retries, "retries")
+        return limited
+
     def __repr__(self) -> str:
         # Deliberately without the API key.
         return f"OpenAIModel({self._model!r}, base_url={self._base_url!r})"
 
     async def aclose(self) -> None:
         """Close the underlying HTTP client. Idempotent."""
-        if not self._closed:
-            self._closed = True
+        if not self._client.is_closed():
             await self._client.close()
 
     async def __aenter__(self) -> Self:
@@ -115,25 +196,67 @@ class OpenAIModel:
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> AsyncGenerator[ModelItem, None]:
         """Stream one assistant turn; see the class docstring for the contract."""
-        if self._closed:
+        if self._client.is_closed():
             raise ModelError(f"model client for {self._base_url} (model {self._model!r}) is closed")
         # Some local servers reject an empty `tools` list, so send it only if any.
         tool_params: Any = [_tool_param(tool) for tool in tools] if tools else openai.omit
         # ChatMessage is already the wire shape the client's TypedDicts describe.
-        wire_messages: Any = list(messages)
-        logger.debug("chat completion: model=%s base_url=%s", self._model, self._base_url)
-        try:
-            stream = await self._client.chat.completions.create(
-                model=self._model,
-                messages=wire_messages,
-                stream=True,
-                stream_options={"include_usage": True},
-                tools=tool_params,
+        request: dict[str, Any] = {
+            "model": self._model,
+            "messages": list(messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "tools": tool_params,
+            "timeout": _http_timeout(self._timeout),
+        }
+        # Text already handed on; a retry must repeat it before it may add to it.
+        shown: list[str] = []
+        attempt = 0
+        while True:
+            logger.debug(
+                "chat completion: model=%s base_url=%s attempt=%d",
+                self._model,
+                self._base_url,
+                attempt + 1,
             )
+            items = self._attempt(request, "".join(shown))
+            try:
+                async for item in items:
+                    if isinstance(item, TextDelta):
+                        shown.append(item.text)
+                    yield item
+                return
+            except _Retryable as failure:
+                if attempt >= self._retries:
+                    tried = (
+                        f"gave up after {attempt + 1} attempts" if attempt else "retries are off"
+                    )
+                    raise ModelError(f"{failure.error} ({tried})") from failure.__cause__
+                delay = _backoff(attempt, failure.retry_after)
+                logger.warning(
+                    "%s; retry %d of %d in %.1f s", failure.error, attempt + 1, self._retries, delay
+                )
+            finally:
+                # Closes the attempt's HTTP response at once, also when the
+                # consumer stopped early (GeneratorExit at the yield above).
+                await items.aclose()
+            await anyio.sleep(delay)
+            attempt += 1
+
+    async def _attempt(
+        self, request: dict[str, Any], shown: str
+    ) -> AsyncGenerator[ModelItem, None]:
+        """One request: its items, without the first `len(shown)` characters
+        of text (which it must repeat exactly). Raises `_Retryable` for what
+        another attempt may fix, `ModelError` for the rest."""
+        try:
+            stream = await self._client.chat.completions.create(**request)
         except openai.OpenAIError as exc:
             raise self._translate(exc) from exc
 
         pending: dict[int, _PendingCall] = {}
+        received = 0  # characters of text this attempt has streamed
+        finished = False
         try:
             try:
                 async for chunk in stream:
@@ -143,49 +266,147 @@ class OpenAIModel:
                             continue
                         delta = choice.delta
                         if delta is not None and delta.content:
-                            yield TextDelta(text=delta.content)
+                            fresh = self._past_shown(shown, received, delta.content)
+                            received += len(delta.content)
+                            if fresh:
+                                yield TextDelta(text=fresh)
                         if delta is not None and delta.tool_calls:
                             _collect(pending, delta.tool_calls)
-                        if choice.finish_reason is not None and pending:
+                        if choice.finish_reason is not None and not finished:
+                            finished = True
+                            if received < len(shown):
+                                raise self._diverged(len(shown))
                             for call in _complete(pending):
                                 yield call
                             pending.clear()
                     if chunk.usage is not None:
                         yield Usage(
-                            input_tokens=chunk.usage.prompt_tokens or 0,
-                            output_tokens=chunk.usage.completion_tokens or 0,
+                            input_tokens=_whole(chunk.usage.prompt_tokens),
+                            output_tokens=_whole(chunk.usage.completion_tokens),
                         )
+            except openai.APIConnectionError as exc:
+                if finished:
+                    # The answer is whole; only the usage or the end marker was lost.
+                    logger.debug("stream broke after its finish reason: %s", exc)
+                    return
+                raise self._translate(exc, received=received) from exc
             except (openai.OpenAIError, ValueError) as exc:
                 # ValueError covers a chunk that is not JSON (json.JSONDecodeError).
                 raise self._translate(exc) from exc
-            # Servers that never send a finish_reason still get their calls delivered.
-            for call in _complete(pending):
-                yield call
+            if not finished:
+                raise _Retryable(
+                    ModelError(
+                        f"model endpoint {self._base_url} ended its stream without a finish "
+                        f"reason (model {self._model!r}), after {received} characters of text: "
+                        "the answer was cut short"
+                    )
+                )
         finally:
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await stream.close()
 
-    def _translate(self, exc: openai.OpenAIError | ValueError) -> ModelError:
-        """Turn an openai (or decoding) exception into a `ModelError` naming the endpoint."""
+    def _past_shown(self, shown: str, received: int, text: str) -> str:
+        """The part of `text` (streamed after `received` characters) that was
+        not handed on yet; raises `ModelError` if it contradicts what was."""
+        if received >= len(shown):
+            return text
+        overlap = shown[received : received + len(text)]
+        if not text.startswith(overlap):
+            raise self._diverged(len(shown))
+        return text[len(overlap) :]
+
+    def _diverged(self, shown: int) -> ModelError:
+        return ModelError(
+            f"model endpoint {self._base_url} broke off its stream (model {self._model!r}) "
+            f"after {shown} characters had been handed on, and the retry answered "
+            "differently; the call fails rather than repeat or contradict text already shown"
+        )
+
+    def _translate(
+        self, exc: openai.OpenAIError | ValueError, *, received: int | None = None
+    ) -> ModelError | _Retryable:
+        """Turn an openai (or decoding) exception into a `ModelError` naming
+        the endpoint, wrapped in `_Retryable` when another attempt may help."""
         url, model = self._base_url, f"(model {self._model!r})"
+        where = "" if received is None else f" mid-stream, after {received} characters"
         if isinstance(exc, openai.APITimeoutError):
-            return ModelError(f"model endpoint {url} timed out {model}: {exc}")
+            limit = f"no byte for {self._timeout:g} s"
+            return _Retryable(
+                ModelError(
+                    f"model endpoint {url} timed out {model}{where}: {limit} "
+                    "(A2A_MODEL_TIMEOUT or the role's model_timeout sets it)"
+                )
+            )
         if isinstance(exc, openai.APIConnectionError):
             # The openai message is just "Connection error."; the cause says why.
-            detail = f"{exc} {exc.__cause__}" if exc.__cause__ else str(exc)
-            return ModelError(f"model endpoint {url} unreachable {model}: {detail}")
+            cause = exc.__cause__
+            detail = f"{exc} {type(cause).__name__}: {cause}" if cause else str(exc)
+            return _Retryable(
+                ModelError(f"model endpoint {url} unreachable {model}{where}: {detail}")
+            )
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             return ModelError(
                 f"model endpoint {url} refused the credentials {model}, HTTP {exc.status_code}"
                 f" (check A2A_MODEL_API_KEY / OPENAI_API_KEY): {exc.message}"
             )
         if isinstance(exc, openai.APIStatusError):
-            return ModelError(
+            error = ModelError(
                 f"model endpoint {url} answered HTTP {exc.status_code} {model}: {exc.message}"
             )
+            if exc.status_code in _RETRY_STATUSES or exc.status_code >= 500:
+                return _Retryable(error, _retry_after(exc.response.headers.get("retry-after")))
+            return error
         if isinstance(exc, openai.OpenAIError):
             return ModelError(f"model endpoint {url} failed {model}: {exc}")
         return ModelError(f"model endpoint {url} sent a malformed stream {model}: {exc}")
+
+
+def check_timeout(value: object, what: str) -> float:
+    """`value` as a timeout in seconds (0: no limit), else `ConfigError` naming `what`."""
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    ):
+        return float(value)
+    raise ConfigError(f"{what} must be a number of seconds, 0 for no limit, got {value!r}")
+
+
+def check_retries(value: object, what: str) -> int:
+    """`value` as a retry count, else `ConfigError` naming `what`."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ConfigError(f"{what} must be a whole number, 0 or more, got {value!r}")
+
+
+def _http_timeout(seconds: float) -> openai.Timeout:
+    # One number for connect, write, pool and each read: httpx's read timeout
+    # is the wait for the next bytes, so a flowing stream is never cut.
+    return openai.Timeout(seconds if seconds > 0 else None)
+
+
+def _backoff(attempt: int, retry_after: float | None) -> float:
+    delay = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, _BACKOFF_CAP))
+    return delay
+
+
+def _retry_after(header: str | None) -> float | None:
+    """A `Retry-After` in seconds; the HTTP-date form is rare from model servers."""
+    try:
+        seconds = float(header) if header is not None else math.nan
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _whole(value: object) -> int:
+    """A token count as an int: some servers send 565.0, a few send nothing."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return max(0, int(value))
+    return 0
 
 
 def _tool_param(tool: ToolSpec) -> dict[str, Any]:

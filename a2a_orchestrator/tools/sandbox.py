@@ -10,6 +10,8 @@ a command into a `bwrap` command line that gives the command:
   roles), `~/.config/a2a-orchestrator`, `/run` and `/var/run` (daemon sockets:
   a read-only mount does not stop `connect()` on a Unix socket), and every
   path in `Sandbox.hidden`;
+- read-only: the work directory's `roles/` and `agents/` when they exist
+  (an orchestrator started there reads them);
 - a fresh `/tmp` (also its `HOME`), `/dev` and `/proc`;
 - its own PID, IPC and UTS namespaces, and its own empty network namespace
   unless `Sandbox.network` allows the network;
@@ -63,6 +65,8 @@ NETWORK_ENV = "A2A_SANDBOX_NETWORK"
 HIDE_ENV = "A2A_SANDBOX_HIDE"
 """More paths commands must not see, separated by `os.pathsep`."""
 STATE_DIR = ".a2a"
+READ_ONLY_DIRS = ("roles", "agents")
+"""Directories of the work directory commands may read but not change."""
 """The server's directory inside a work directory: stores and configuration."""
 UNSANDBOXED_NOTE = "commands run unsandboxed"
 """How a card and the start-up output say that the operator opted out."""
@@ -179,7 +183,11 @@ class Sandbox:
         it and plant configuration the server reads later.
         """
         if not self.enabled:
-            return list(argv)
+            # Unconfined, but the shell still dies with the server (even by
+            # SIGKILL), so a crashed server's command stops where it is; what
+            # it started itself is ended by the next start's journal recovery.
+            setpriv = shutil.which("setpriv")
+            return [setpriv, "--pdeathsig", "KILL", *argv] if setpriv else list(argv)
         root = Path(os.path.realpath(workdir))
         state = root / STATE_DIR
         try:
@@ -212,6 +220,13 @@ class Sandbox:
         args += _hide(outside)
         args += ["--bind", str(root), str(root)]
         args += _hide(inside)
+        # Role and agent files an orchestrator started in this directory reads
+        # (`./roles/`, `./agents/`): a command must not grant a later child
+        # tools or the network by writing one.
+        for name in READ_ONLY_DIRS:
+            path = Path(os.path.realpath(root / name))
+            if path.is_dir() and path.is_relative_to(root) and path != root:
+                args += ["--ro-bind", str(path), str(path)]
         args += [
             "--unshare-pid",
             "--unshare-ipc",

@@ -6,6 +6,8 @@ without HTTP; events come straight from the runtime.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -129,6 +131,9 @@ class LocalDelegate:
         interrupted: Collection[str] | None = None,
     ) -> Conversation:
         role = apply_child_config(find_role(spec.role, cwd=self.cwd), config.overrides())
+        if config.unlimited:
+            # In process, the caller is the operator: timeout=0 lifts the role's limit.
+            role = dataclasses.replace(role, timeout=math.inf)
         model = self.models(pick_model(config.model, role.model, self.parent_model))
         messages = rebuild_transcript(
             role.prompt, entries, shared_context=config.shared_context, interrupted=interrupted

@@ -757,7 +757,8 @@ class RemoteDelegate:
         The role file is the one this orchestrator finds (the one `up` and
         the compose file serve); a foreign agent's role gets the default.
         """
-        if config.timeout is not None:
+        # timeout=0 (no limit of the caller's) is not sent; the role's stays.
+        if config.timeout is not None and not config.unlimited:
             return float(config.timeout)
         known = self._role_timeouts.get(spec.role)
         if known is None:
