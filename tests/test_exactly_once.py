@@ -79,17 +79,25 @@ async def race(plane: ControlPlane, index: int, timing: dict[str, list[float]]) 
             await anyio.sleep(random.uniform(0.5, 1.3) * typical)
         running = child.running
         answer = await plane.send_message(child.child_id, text)
+        at_return = await stored(plane, child, text)
         await child.wait()
     finally:
         remove()
-    rows = await session.store.events(session.id, child_id=child.child_id, kinds=["input", "steer"])
     return {
         "mode": answer["mode"],
         "while_running": running,
         "read": READ.get(prompt, []).count(text),
-        "stored": sum(1 for row in rows if row.payload.get("text") == text),
+        "stored_at_return": at_return,
+        "stored": await stored(plane, child, text),
         "failed": [e for e in child.log if isinstance(e, Failed)],
     }
+
+
+async def stored(plane: ControlPlane, child: ChildHandle, text: str) -> int:
+    """How many rows of the child's transcript hold `text` as its input."""
+    session = plane.session
+    rows = await session.store.events(session.id, child_id=child.child_id, kinds=["input", "steer"])
+    return sum(1 for row in rows if row.payload.get("text") == text)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -121,7 +129,8 @@ async def test_send_message_at_turn_end_is_delivered_exactly_once(
     )
     assert len(outcomes) == RACES
     assert not lost and not doubled
-    assert all(o["stored"] == 1 for o in outcomes)
+    # In the child's transcript once, already when the call returned.
+    assert all(o["stored_at_return"] == o["stored"] == 1 for o in outcomes)
     assert not [o["failed"] for o in outcomes if o["failed"]]
     # The races landed on both sides of the turn's end, and inside the window
     # where a steer used to be taken and then dropped.

@@ -132,6 +132,11 @@ async def test_a_finished_remote_child_is_read_from_the_store_while_its_server_i
             waited = await plane.wait_agent(child.child_id)
             full = await plane.result(child.child_id)
             report = await plane.agent_manage()
+            # What does need the agent fails as the tool's answer, naming it.
+            with pytest.raises(ToolError, match=f"agent at {server.url} is unreachable"):
+                await supervisor_tool(Supervisor(plane)).run(
+                    {"action": "session", "pid": child.child_id}
+                )
             plane.close()
     assert waited == {
         "child_id": child.child_id,
