@@ -378,13 +378,16 @@ class ChildHandle:
         self._accepting_input()
         async with self._inputs:
             self._accepting_input()
-            if self._active and await self.run.steer(text):
+            running = self._active
+            if running and await self.run.steer(text):
                 await self._store(Input(text=text, kind="steer"))
                 return "steer"
-            # Refused or idle: a turn of its own. Ahead of anything queued,
-            # since the running turn (if any) is the one it was meant for.
+            # A turn of its own. Refused by the running turn, it goes ahead
+            # of follow-ups queued behind that turn (their rows are stored
+            # when they start, so the store keeps this order too); given to
+            # an idle child, behind inputs queued (and stored) before it.
             await self._store(Input(text=text))
-            self._queue(_Queued(text, recorded=True), first=True)
+            self._queue(_Queued(text, recorded=True), first=running)
             return "turn"
 
     def _accepting_input(self) -> None:

@@ -189,3 +189,25 @@ async def test_steering_a_turn_that_ends_with_a_question_answers_it(tmp_path: Pa
         "done",
     ]
     assert result["result"] == "read: ask away | blue"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_messages_given_back_to_back_keep_their_order(transport: str, tmp_path: Path) -> None:
+    """A follow-up and a message sent right behind it reach the child in the
+    order given, and its stored transcript has them in that order too."""
+    with anyio.fail_after(20):
+        async with session_for(transport, tmp_path, racer) as session:
+            plane = ControlPlane(session)
+            child = await plane.spawn_agent("coder", "order")
+            await child.wait()
+            for round in range(5):
+                await child.send(f"first {round}")
+                await plane.send_message(child.child_id, f"second {round}")
+                await child.wait()
+            rows = await session.store.events(
+                session.id, child_id=child.child_id, kinds=["input", "steer"]
+            )
+            plane.close()
+    expected = ["order"] + [f"{word} {r}" for r in range(5) for word in ("first", "second")]
+    assert READ["order"] == expected
+    assert [row.payload["text"] for row in rows] == expected
