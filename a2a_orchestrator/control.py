@@ -69,6 +69,7 @@ __all__ = [
     "ControlPlane",
     "as_tool",
     "clamp_timeout",
+    "operator_models",
 ]
 
 logger = logging.getLogger(__name__)

@@ -429,8 +429,8 @@ class RoleExecutor(AgentExecutor):
     def control(self, task_id: str, action: str, text: str = "") -> bool:
         """Pause, resume, interrupt or steer a task's conversation; False if not
         held here, or (steer) if its turn has passed its last step boundary:
-        the caller then sends the text as a turn of its own, so it is never
-        both steered and lost with the turn's end."""
+        the caller then sends the text as a turn of its own, so it is read
+        once, never taken by a turn that no longer reads it."""
         conversation = self.conversation(task_id)
         if conversation is None:
             return False
