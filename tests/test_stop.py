@@ -36,9 +36,9 @@ OFFLINE = {
 }
 # Port 9 (discard) is closed on loopback: the API path gets "connection refused".
 NO_SERVER = "http://127.0.0.1:9"
-# Long enough that `status` and `stop` (two Python start-ups on a busy
-# machine) surely land while it sleeps.
-SLOW_COMMAND = "sleep 8 && touch after.txt"
+# Long enough that `status` and `stop` (two Python start-ups, seconds each on
+# a busy machine) surely land while it sleeps.
+SLOW_COMMAND = "sleep 15 && touch after.txt"
 
 
 def cli(
@@ -129,7 +129,7 @@ def test_stop_signals_the_live_run_which_aborts_its_child(tmp_path: Path) -> Non
         stop = cli("stop", session, "--store", str(db), "--server", NO_SERVER, cwd=work)
         out, err = process.communicate(timeout=20)
         # Past the time the command would have touched its file.
-        time.sleep(max(0.0, command_at + 9.5 - time.monotonic()))
+        time.sleep(max(0.0, command_at + 16.5 - time.monotonic()))
         record = rows(db, "SELECT * FROM children WHERE child_id = ?", child)[0]
         runner = rows(db, "SELECT * FROM runners WHERE session_id = ?", session)[0]
         kinds = [r["kind"] for r in rows(db, "SELECT kind FROM events WHERE child_id = ?", child)]
