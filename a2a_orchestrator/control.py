@@ -8,10 +8,21 @@ works the same on local and remote children:
 - `agent_manage(messages)`: RESUME -> MESSAGES -> CHECK -> BLOCK -> COLLECT.
 - `wait_agent(child_id, timeout_ms)`: completed / failed / timeout, only once
   the result is delivered to the parent; a timeout leaves the child running.
-- `send_message(child_id, text)`: the recipient's transcript first, then its
-  inbox (absorbed at its next step boundary; an idle child starts a turn).
-- `agent_abort([...])`, `stop_children()` (cascading, returns the count).
+- `send_message(child_id, text)`: exactly once, stored before it returns:
+  the running turn reads it at its next step boundary if it still can,
+  otherwise it opens a turn (now for an idle child, right after the turn
+  that just ended otherwise).
+- `agent_abort([...])`, `stop_children()` (cascading, returns the count):
+  stops are final. An aborted child, running or idle, refuses messages until
+  `resume(child_id)`; agent_manage reports it `done`.
 - A concurrency gate per parent and hooks (spawn.before may deny).
+- A model name a parent chooses (`spawn_agent`/`agent`'s `model`) is one the
+  operator offers (`default`, `mini`, the role's `models`, `$A2A_MODELS`),
+  never a model script; `Session.spawn` (the operator's own code) is not
+  narrowed.
+
+As tools (`as_tool`), every refusal or failure is the tool's result, which
+the model reads; the parent's turn goes on. Only cancellation propagates.
 
 Delivery contract (TS seed: "transcript first, then mailbox"): when a child's
 turn ends done or failed, its result is already stored with the child; the
@@ -23,18 +34,29 @@ delivered, which is what `wait_agent` waits for; the `complete` hook runs last.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import uuid as uuidlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import anyio
 
 from .delegation import ChildConfig, ChildHandle
-from .errors import OrchestratorError, SpawnRefusedError, UnknownChildError
+from .errors import (
+    ConfigError,
+    ControlError,
+    OrchestratorError,
+    SpawnRefusedError,
+    ToolError,
+    UnknownChildError,
+)
 from .events import ChildEvent, Done, Failed, InputRequired
 from .hooks import CompleteInfo, Hooks, SpawnInfo
+from .overrides import check_wire_overrides, offered_models
 from .render import normalise, render_final_answer, truncate_to_budget
+from .roles import Role, find_role
 from .runtime import Conversation
 from .session import Session
 from .tools import Tool
@@ -45,8 +67,12 @@ __all__ = [
     "GATE_MESSAGE",
     "WAIT_BOUNDS_MS",
     "ControlPlane",
+    "as_tool",
     "clamp_timeout",
+    "operator_models",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONCURRENT = 4
 DEFAULT_MAX_DEPTH = 1
@@ -61,6 +87,47 @@ def clamp_timeout(timeout_ms: float | None, bounds: tuple[int, int] = WAIT_BOUND
     low, high = bounds
     value = DEFAULT_WAIT_MS if timeout_ms is None else timeout_ms
     return min(max(float(value), low), high) / 1000
+
+
+def as_tool(
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    call: Callable[[dict[str, Any]], Awaitable[Any]],
+) -> Tool:
+    """A control operation as a tool whose result is `call`'s answer as JSON.
+
+    Errors are contained here, once for every control and supervisor tool:
+    whatever the operation meets (a refusal, an unknown agent or child, a
+    peer that cannot do it, a broken connection) becomes a `ToolError`, so
+    the model reads what went wrong and its turn goes on. Cancellation is
+    not an `Exception` and propagates.
+    """
+
+    async def run(arguments: dict[str, Any]) -> str:
+        try:
+            return as_json(await call(arguments))
+        except ToolError:
+            raise
+        except OrchestratorError as exc:
+            raise ToolError(str(exc)) from exc
+        except KeyError as exc:
+            raise ToolError(f"{name}: missing argument {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise ToolError(f"{name}: bad arguments: {exc}") from exc
+        except Exception as exc:
+            # Not one of ours: a bug or an unexpected failure below. The
+            # model still gets an answer; the traceback goes to the log.
+            logger.exception("tool %s failed", name)
+            raise ToolError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
+
+    return Tool(name=name, description=description, parameters=parameters, run=run)
+
+
+def operator_models(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The model names the operator offers besides `default`, `mini` and a
+    role's `models`: `$A2A_MODELS`, comma-separated (as for `serve`)."""
+    return tuple(n.strip() for n in environ.get("A2A_MODELS", "").split(",") if n.strip())
 
 
 class ControlPlane:
@@ -81,7 +148,10 @@ class ControlPlane:
         hooks: Hooks | None = None,
         inbox: Conversation | None = None,
         wait_bounds_ms: tuple[int, int] = WAIT_BOUNDS_MS,
+        model_names: Collection[str] | None = None,
     ) -> None:
+        """`model_names`: the names a parent may choose for a child besides
+        `default`, `mini` and the role's `models` (None: `$A2A_MODELS`)."""
         self.session = session
         self.parent_id = parent_id
         self.depth = depth
@@ -90,6 +160,9 @@ class ControlPlane:
         self.hooks = hooks or Hooks()
         self.inbox = inbox
         self.wait_bounds_ms = wait_bounds_ms
+        self.model_names = tuple(model_names if model_names is not None else operator_models())
+        # A model script among them is refused here, at start-up.
+        offered_models(Role(name="-", prompt="-"), self.model_names)
         self._delivered: dict[str, str] = {}
         self._reported: dict[str, str] = {}
         self._changed = anyio.Event()
@@ -137,11 +210,14 @@ class ControlPlane:
             raise UnknownChildError(child_id)
         return handle
 
-    def _matching(self, target: str) -> list[ChildHandle]:
-        """Children named by id, else by role or agent name."""
+    def _matching(self, target: str, *, live: bool = False) -> list[ChildHandle]:
+        """Children named by id, else by role or agent name (`live`: by role,
+        only those not terminated)."""
         mine = self.children()
         by_id = [h for h in mine if h.child_id == target]
-        return by_id or [h for h in mine if target in (h.role, h.agent)]
+        return by_id or [
+            h for h in mine if target in (h.role, h.agent) and not (live and h.terminated)
+        ]
 
     def running_count(self) -> int:
         return sum(1 for h in self.children() if h.running)
@@ -158,8 +234,24 @@ class ControlPlane:
         tools: Sequence[str] | None = None,
         **config: Any,
     ) -> ChildHandle:
-        """Spawn one child; `SpawnRefusedError` when a hook or the gate says no."""
+        """Spawn one child; `SpawnRefusedError` when a hook or the gate says
+        no, `ConfigError` for an unknown agent or a model not offered."""
+        if model is not None:
+            self._check_model(role, model)
         return await self._spawn(role, prompt, model, system_prompt, tools, config)
+
+    def _check_model(self, agent: str, model: object) -> None:
+        """Refuse a model the operator does not offer for `agent`'s role: the
+        name comes from a model, as untrusted as a caller over A2A."""
+        spec = self.session.network.resolve(agent)
+        try:
+            role = find_role(spec.role)
+        except ConfigError:
+            # A foreign agent's role: only what every role offers; its own
+            # server narrows further.
+            role = Role(name=spec.role, prompt="-")
+        offered = offered_models(role, self.model_names)
+        check_wire_overrides({"model": model}, role, offered)
 
     async def _spawn(
         self,
@@ -305,7 +397,12 @@ class ControlPlane:
                     {"target": target, "status": "error", "error": str(UnknownChildError(target))}
                 )
             for handle in handles:
-                await handle.send(text)
+                try:
+                    await handle.send(text)
+                except ControlError as exc:  # terminated: refused, the others still go
+                    errors.append(
+                        {"child_id": handle.child_id, "status": "error", "error": str(exc)}
+                    )
         # CHECK: a child that finished a turn nobody has heard of yet answers at once.
         if not self._unreported() and any(h.running for h in self.children()):
             # BLOCK until a child finishes a turn.
@@ -337,7 +434,11 @@ class ControlPlane:
             entry["status"] = "running"
             return entry
         self._reported[handle.child_id] = terminal.uuid
-        if isinstance(terminal, InputRequired):
+        if handle.terminated:
+            # Creo: an aborted child is done, whatever its last turn said
+            # (an idle one keeps its result).
+            entry.update(status="done", message=normalise(terminal)[1])
+        elif isinstance(terminal, InputRequired):
             entry.update(status="idle", message=terminal.question, waiting_for="input")
         elif isinstance(terminal, Done):
             entry.update(status="idle", message=normalise(terminal)[1])
@@ -351,36 +452,62 @@ class ControlPlane:
     # -- messages, abort, stop ------------------------------------------------------
 
     async def send_message(self, child_id: str, text: str) -> dict[str, Any]:
-        """The recipient's transcript first (only if it exists), then its inbox."""
+        """Deliver `text` once (see the module docstring); `mode` says whether
+        the running turn took it (`steer`) or it opened a turn (`turn`). The
+        child's transcript holds it when this returns. `ControlError` for a
+        terminated child."""
         handle = await self._child(child_id)
-        mode = "steer" if handle.running else "turn"
-        if mode == "steer":
-            await self.session.store.append_event(
-                self.session.id, "steer", {"text": text}, child_id=child_id
-            )
-        # An idle child takes the message as a new turn, which the session
-        # records as that turn's input.
-        await handle.steer(text)
+        mode = await handle.steer(text)
         return {"child_id": child_id, "delivered": True, "mode": mode}
 
     async def agent_abort(self, targets: Sequence[str]) -> dict[str, list[str]]:
-        """Abort children named by id or role; which were aborted, which unknown."""
+        """Abort children named by id or role, running or idle: each ends for
+        good (see `terminate`). Which are aborted, which names are unknown."""
         aborted: list[str] = []
         unknown: list[str] = []
         for target in targets:
-            handles = self._matching(target)
-            if not handles:
+            handles = self._matching(target, live=True)
+            if not handles and not self._matching(target):
                 unknown.append(target)
             for handle in handles:
-                if await handle.cancel():
-                    aborted.append(handle.child_id)
+                await self.terminate(handle)
+                aborted.append(handle.child_id)
         return {"aborted": aborted, "unknown": unknown}
 
+    async def terminate(self, handle: ChildHandle) -> bool:
+        """End a child for good: a running or waiting turn ends aborted, and
+        it refuses messages until `resume`; recorded, so a restart keeps it.
+        True when a turn was stopped."""
+        first = not handle.terminated
+        # The handle refuses input from the start of `terminate`, before
+        # anything awaits; the record follows.
+        stopped = await handle.terminate()
+        if first:
+            await self.session.store.append_event(
+                self.session.id, "control", {"action": "terminate"}, child_id=handle.child_id
+            )
+        return stopped
+
+    async def resume(self, child_id: str) -> dict[str, Any]:
+        """Undo a stop: a terminated child takes messages again, a paused one
+        runs on. Which of the two it was."""
+        handle = await self._child(child_id)
+        reinstated = handle.reinstate()
+        if reinstated:
+            await self.session.store.append_event(
+                self.session.id, "control", {"action": "reinstate"}, child_id=child_id
+            )
+        was_paused = handle.paused
+        if was_paused:
+            await handle.resume()
+        return {"child_id": child_id, "reinstated": reinstated, "resumed": was_paused}
+
     async def stop_children(self) -> int:
-        """Stop every running descendant of this parent; how many were stopped."""
+        """Stop every descendant of this parent for good (see `terminate`);
+        how many had a turn running or waiting for input."""
         stopped = 0
         for handle in self._descendants():
-            if await handle.cancel():
+            if await self.terminate(handle):
                 stopped += 1
         return stopped
 
@@ -471,6 +598,7 @@ class ControlPlane:
             max_depth=self.max_depth,
             hooks=self.hooks,
             wait_bounds_ms=self.wait_bounds_ms,
+            model_names=self.model_names,
         )
         # The session binds its inbox to the child's conversation once open.
         self.session.nested_planes[child_id] = plane

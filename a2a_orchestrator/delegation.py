@@ -18,8 +18,17 @@ Contract of `ChildHandle`:
   running or queued.
 - `send(text)` continues the same conversation: now if the child is idle,
   after the running turn otherwise.
+- `steer(text)` delivers exactly once, with no window: the running turn reads
+  it if the transport says the turn still can (decided where the turn runs),
+  otherwise it opens a turn of its own, right after the running one; steering
+  a turn took but never read (it ended first) opens the next turn too.
+- Input rows are stored before `send`/`steer` return when the child is idle
+  or the text was steered; a follow-up queued behind a running turn is stored
+  when its turn starts, so the store keeps the conversation's order. Each
+  input is stored once, as `steer` or `input`.
 - `cancel()` ends a running or waiting child as `Failed(reason="aborted")`;
-  a finished child is left as it is.
+  a finished child is left as it is. `terminate()` also makes the stop final:
+  input is refused (`ControlError`) until `reinstate()`.
 """
 
 from __future__ import annotations
@@ -28,11 +37,12 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeAlias
 
 import anyio
 from anyio.abc import TaskGroup
 
+from .errors import ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from .models.base import ChatMessage
 from .render import NO_TERMINAL_TEXT
@@ -50,6 +60,7 @@ __all__ = [
     "Delegate",
     "Emit",
     "EventSink",
+    "Input",
     "Listener",
 ]
 
@@ -59,10 +70,31 @@ ChildStatus: TypeAlias = Literal["running", "input_required", "completed", "fail
 Emit = Callable[[ChildEvent], Awaitable[None]]
 Listener = Callable[["ChildHandle", ChildEvent], Awaitable[None]]
 """Called with each new event once it is stored (relay, delivery to the parent)."""
-EventSink = Callable[["ChildHandle", "ChildEvent | str"], Awaitable[bool]]
-"""Called with each event (or, as a plain string, each input given to the
-child) before the handle publishes it; the session stores it there. False
-means the event's uuid was recorded already (a replay), and it is dropped."""
+EventSink = Callable[["ChildHandle", "ChildEvent | Input"], Awaitable[bool]]
+"""Called with each event, and each input given to the child, before the
+handle publishes or acts on it; the session stores it there. False means the
+event's uuid was recorded already (a replay), and it is dropped."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Input:
+    """Input given to a child, as its handle hands it to the sink."""
+
+    text: str
+    kind: Literal["input", "steer"] = "input"
+    """`input` opens a turn (the child runs again); `steer` was taken by the
+    running turn."""
+    recorded: bool = False
+    """Stored already when it was given; now it opens a turn, so only the
+    child's status changes (running again)."""
+
+
+class _Queued(NamedTuple):
+    text: str | None
+    """None continues an interrupted turn (crash recovery)."""
+    recorded: bool
+    """Its row is stored already (given while idle, or steering handed back)."""
+
 
 CANCELED_TEXT = "canceled by request"
 INTERRUPTED_TEXT = "interrupted by the parent"
@@ -167,11 +199,13 @@ class ChildRun(Protocol):
     @property
     def context_id(self) -> str: ...
 
-    async def turn(self, text: str | None, emit: Emit) -> None:
+    async def turn(self, text: str | None, emit: Emit) -> Sequence[str]:
         """Play one turn, emitting its events; the last one ends the turn.
 
         `text=None` continues the turn in progress (after a restart: a
         local child resumes from its transcript, a remote one re-attaches).
+        Returns the steering this turn accepted (`steer` said True) but never
+        read because it ended first: the handle makes it the next turn's input.
         """
         ...
 
@@ -191,8 +225,14 @@ class ChildRun(Protocol):
         anyway; a peer without the action gets a plain pause."""
         ...
 
-    async def steer(self, text: str) -> None:
-        """Offer input to the running turn, absorbed at its next step boundary."""
+    async def steer(self, text: str) -> bool:
+        """Offer input to the running turn, absorbed at its next step boundary.
+
+        True when the turn takes it (it reads it, or hands it back from
+        `turn`); False when the turn has already passed its last step
+        boundary, so the text must become a turn of its own. Raises
+        `DelegationError` when the child cannot be steered at all.
+        """
         ...
 
     async def interrupt(self) -> None:
@@ -248,7 +288,12 @@ class ChildHandle:
         self._log: list[ChildEvent] = list(history)
         self._uuids = {event.uuid for event in history}
         self._changed = anyio.Event()
-        self._pending: list[str | None] = []
+        self._pending: list[_Queued] = []
+        # Held while an input is decided on and stored, and by the pump while
+        # it takes the next input and stores it: rows are stored in the order
+        # the conversation reads them, and a turn never starts on an input
+        # whose row is still being written.
+        self._inputs = anyio.Lock()
         self._active = False
         self._status: ChildStatus = status
         self._wake = anyio.Event()
@@ -263,6 +308,8 @@ class ChildHandle:
         """The run took the pause rules: it holds itself at a matching event."""
         self._decided = False
         """`pause()` or `resume()` was called (while listeners hear an event)."""
+        self.terminated = False
+        """Stopped for good by `terminate()`: input is refused until `reinstate()`."""
 
     # -- what the parent reads --------------------------------------------------
 
@@ -328,18 +375,60 @@ class ChildHandle:
     # -- what the parent does -----------------------------------------------------
 
     async def send(self, text: str) -> None:
-        """A follow-up in the same conversation (queued behind a running turn)."""
+        """A follow-up in the same conversation: a turn now if the child is
+        idle (its input stored before this returns), else queued behind the
+        running turn (stored when it starts)."""
+        self._accepting_input()
+        async with self._inputs:
+            self._accepting_input()
+            recorded = not self._active
+            if recorded:
+                await self._store(Input(text=text))
+            self._queue(_Queued(text, recorded))
+
+    async def steer(self, text: str) -> Literal["steer", "turn"]:
+        """Give the child `text` exactly once, and store it before returning:
+        `steer` when the running turn takes it, `turn` when it opens a turn
+        (the child is idle, or its turn has passed its last step boundary:
+        then right after that turn)."""
+        self._accepting_input()
+        async with self._inputs:
+            self._accepting_input()
+            running = self._active
+            if running and await self.run.steer(text):
+                await self._store(Input(text=text, kind="steer"))
+                return "steer"
+            # A turn of its own. Refused by the running turn, it goes ahead
+            # of follow-ups queued behind that turn (their rows are stored
+            # when they start, so the store keeps this order too); given to
+            # an idle child, behind inputs queued (and stored) before it.
+            await self._store(Input(text=text))
+            self._queue(_Queued(text, recorded=True), first=running)
+            return "turn"
+
+    def _accepting_input(self) -> None:
         if self._closed:
             raise RuntimeError(f"child {self.child_id} is closed")
-        self._pending.append(text)
+        if self.terminated:
+            raise ControlError(
+                f"child {self.child_id} was terminated; it takes no messages until it is resumed"
+            )
+
+    async def _store(self, item: Input) -> None:
+        if self._sink is not None:
+            await self._sink(self, item)
+
+    def _queue(self, item: _Queued, *, first: bool = False) -> None:
+        if first:
+            self._pending.insert(0, item)
+        else:
+            self._pending.append(item)
         self._set_status("running")
         self._notify()
 
     def continue_turn(self) -> None:
         """Queue the continuation of an interrupted turn (crash recovery)."""
-        self._pending.append(None)
-        self._set_status("running")
-        self._notify()
+        self._queue(_Queued(None, recorded=False))
 
     async def cancel(self) -> bool:
         """Cancel a running or waiting child and wait (bounded) until it has
@@ -364,6 +453,19 @@ class ChildHandle:
             await self._emit(Failed(reason="aborted", message=CANCELED_TEXT))
             return True
         return False
+
+    async def terminate(self) -> bool:
+        """Stop the child for good: a running or waiting turn ends aborted
+        (`cancel`), an idle one keeps its last result; from now on input is
+        refused until `reinstate()`. True when a turn was stopped."""
+        # First, so a message racing with the stop is refused, not run.
+        self.terminated = True
+        return await self.cancel()
+
+    def reinstate(self) -> bool:
+        """Take input again after `terminate()`; False when it was not terminated."""
+        was, self.terminated = self.terminated, False
+        return was
 
     async def pause(self) -> None:
         self._decided = True
@@ -416,13 +518,6 @@ class ChildHandle:
         """A turn is in progress or queued."""
         return self._active or bool(self._pending)
 
-    async def steer(self, text: str) -> None:
-        """Input for the running turn (its next step boundary); else a new turn."""
-        if self._active:
-            await self.run.steer(text)
-        else:
-            await self.send(text)
-
     # -- the pump -----------------------------------------------------------------
 
     def start(self, task_group: TaskGroup) -> None:
@@ -435,13 +530,23 @@ class ChildHandle:
                 while not self._pending:
                     wake = self._wake
                     await wake.wait()
-                text = self._pending.pop(0)
+                await self._inputs.acquire()
+                if not self._pending:
+                    self._inputs.release()
+                    continue  # cancelled while an input was being stored
+                text, recorded = self._pending.pop(0)
                 self._active = True
+                self._set_status("running")
                 self._turn += 1
                 start = len(self._log)
                 try:
-                    if text is not None and self._sink is not None:
-                        await self._sink(self, text)
+                    try:
+                        # Under the lock: no input given meanwhile is stored
+                        # ahead of the one this turn reads first.
+                        if text is not None:
+                            await self._store(Input(text=text, recorded=recorded))
+                    finally:
+                        self._inputs.release()
                     interrupted = self._interrupted_turn == self._turn
                     if self._cancelling or interrupted:
                         # Stopped between taking the input and starting the
@@ -449,7 +554,12 @@ class ChildHandle:
                         message = CANCELED_TEXT if self._cancelling else INTERRUPTED_TEXT
                         await self._emit(Failed(reason="aborted", message=message))
                         continue
-                    await self.run.turn(text, self._emit)
+                    unread = await self.run.turn(text, self._emit)
+                    if unread and not self._cancelling and not self.terminated:
+                        # Steering the turn took but ended before reading:
+                        # the next turn's input, ahead of queued follow-ups
+                        # (its rows were stored during this turn).
+                        self._pending[:0] = [_Queued(t, recorded=True) for t in unread]
                     if not self._ended_since(start):
                         await self._emit(
                             Failed(

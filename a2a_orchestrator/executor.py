@@ -502,7 +502,10 @@ class RoleExecutor(AgentExecutor):
         rules: Mapping[str, Selector] | None = None,
     ) -> bool:
         """Pause, resume, interrupt or steer a task's conversation, or replace
-        its pause rules (`pause_on`, while a turn runs); False if not held here."""
+        its pause rules (`pause_on`, while a turn runs); False if not held
+        here, or (steer) if its turn has passed its last step boundary: the
+        caller then sends the text as a turn of its own, so it is read once,
+        never taken by a turn that no longer reads it."""
         if action == "pause_on":
             return self._replace_rules(task_id, rules or {})
         conversation = self.conversation(task_id)
@@ -516,7 +519,7 @@ class RoleExecutor(AgentExecutor):
             conversation.resume()
             conversation.abort("aborted", INTERRUPTED_TEXT)
         elif action == "steer":
-            conversation.steer(text)
+            return conversation.offer(text)
         else:
             raise ValueError(f"unknown control action {action!r}")
         return True

@@ -5,19 +5,25 @@ An LLM (or a scripted model) orchestrates by calling `agent`, `agent_manage`,
 one-child form); its inbox receives each child's rendered FINAL_ANSWER,
 absorbed at its step boundaries. A role gets only the control tools it lists,
 and children get none unless the nesting depth allows (`max_depth`, default 1).
+Every error a tool meets is that tool's result (`control.as_tool`): the
+parent's turn goes on.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import anyio
 
-from .control import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_DEPTH, WAIT_BOUNDS_MS, ControlPlane
-from .errors import ControlError, ToolError
+from .control import (
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_DEPTH,
+    WAIT_BOUNDS_MS,
+    ControlPlane,
+    as_tool,
+)
 from .events import CHILD_EVENT_KINDS, ChildEvent, MessageDelta, event_from_dict, event_to_dict
 from .executor import role_conversation
 from .hooks import Hooks
@@ -50,10 +56,6 @@ _AGENT_ITEM = {
 }
 
 
-def _dump(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=1)
-
-
 def _tool(
     name: str,
     description: str,
@@ -61,18 +63,8 @@ def _tool(
     required: list[str],
     call: Callable[[dict[str, Any]], Awaitable[Any]],
 ) -> Tool:
-    async def run(arguments: dict[str, Any]) -> str:
-        try:
-            return _dump(await call(arguments))
-        except ControlError as exc:
-            raise ToolError(str(exc)) from exc
-
-    return Tool(
-        name=name,
-        description=description,
-        parameters={"type": "object", "properties": properties, "required": required},
-        run=run,
-    )
+    parameters = {"type": "object", "properties": properties, "required": required}
+    return as_tool(name, description, parameters, call)
 
 
 def control_tools(plane: ControlPlane) -> dict[str, Tool]:
@@ -117,14 +109,16 @@ def control_tools(plane: ControlPlane) -> dict[str, Tool]:
         _tool(
             "send_message",
             "Send a message to a child: a running child reads it at its next step, "
-            "an idle one starts a new turn with it.",
+            "an idle one (or one whose turn just ended) starts a new turn with it. "
+            "An aborted child takes no messages.",
             {"child_id": {"type": "string"}, "text": {"type": "string"}},
             ["child_id", "text"],
             lambda a: plane.send_message(str(a["child_id"]), str(a["text"])),
         ),
         _tool(
             "agent_abort",
-            "Abort children, named by child id or role.",
+            "Abort children, named by child id or role, running or idle: they stop "
+            "for good and take no more messages.",
             {"abort": {"type": "array", "items": {"type": "string"}}},
             ["abort"],
             lambda a: plane.agent_abort([str(t) for t in a["abort"]]),
@@ -159,8 +153,11 @@ class ParentAgent:
         hooks: Hooks | None = None,
         wait_bounds_ms: tuple[int, int] = WAIT_BOUNDS_MS,
         messages: list[ChatMessage] | None = None,
+        model_names: Collection[str] | None = None,
     ) -> None:
-        """`messages`: the parent's transcript so far (see `restore`); None starts fresh."""
+        """`messages`: the parent's transcript so far (see `restore`); None
+        starts fresh. `model_names`: what the parent may choose for a child
+        besides `default`, `mini` and the role's `models` (None: `$A2A_MODELS`)."""
         self.session = session
         self.role = find_role(role) if isinstance(role, str) else role
         self.plane = ControlPlane(
@@ -169,6 +166,7 @@ class ParentAgent:
             max_depth=max_depth,
             hooks=hooks,
             wait_bounds_ms=wait_bounds_ms,
+            model_names=model_names,
         )
         self.supervisor = Supervisor(self.plane, start_turn=self.start_turn)
         tools = {**control_tools(self.plane), "supervisor": supervisor_tool(self.supervisor)}
@@ -183,6 +181,9 @@ class ParentAgent:
             session.workspace,
             extra_tools=tools,
             messages=messages,
+            # The operator's sandbox (--no-sandbox, --allow-network, the
+            # store hidden) for a parent role that lists run_command too.
+            sandbox=session.sandbox,
         )
         self.plane.inbox = self.conversation
         self.emit: Emit | None = None

@@ -142,7 +142,7 @@ class Reactions:
             "pause": handle.pause,
             "resume": handle.resume,
             "interrupt": handle.interrupt,
-            "terminate": handle.cancel,
+            "terminate": handle.terminate,  # final, like the supervisor's
         }
         # Signalled from inside the child's own event delivery: a stop must not
         # wait here for the turn this very event belongs to, so it runs beside it.

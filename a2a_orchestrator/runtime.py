@@ -30,6 +30,11 @@ Contract kept here:
   step boundaries, never at step 0: steering first, then child results.
   Input queued between turns is taken when the next turn starts, so its
   first model call sees it. Child results are de-duplicated by their uuid.
+- `offer(text)` is steering for the running turn only, decided at once: True
+  while the turn can still read it, False (nothing queued) once the turn has
+  passed its last step boundary or none runs. A turn that ends with offered
+  steering unread (its last step asked a question, or it was stopped) leaves
+  it for `take_steering()`, so nothing offered is lost.
 """
 
 from __future__ import annotations
@@ -126,6 +131,9 @@ class Conversation:
         self._resumed.set()
         self._hold: tuple[str, float] | None = None
         self._steering: list[str] = []
+        # Whether the running turn still reads steering (`offer`): set when a
+        # turn starts, cleared the moment its loop decides to end.
+        self._accepting = False
         self._results: list[tuple[str, str]] = []
         self._seen: set[str] = set()
 
@@ -198,8 +206,25 @@ class Conversation:
         self._resumed.set()
 
     def steer(self, text: str) -> None:
-        """Queue steering input (absorbed before child results)."""
+        """Queue steering input (absorbed before child results); with no turn
+        running it waits for the next turn's first step boundary."""
         self._steering.append(text)
+
+    def offer(self, text: str) -> bool:
+        """Steering for the running turn only: True when the turn will read
+        it (or, should it end first, `take_steering` hands it back); False,
+        with nothing queued, when no turn runs or the running one has passed
+        its last step boundary, so the caller gives it a turn of its own."""
+        if not self._accepting:
+            return False
+        self._steering.append(text)
+        return True
+
+    def take_steering(self) -> list[str]:
+        """Steering queued but not read yet, handed back and forgotten here
+        (after a turn ended: the caller makes it the next turn's input)."""
+        taken, self._steering = self._steering, []
+        return taken
 
     def deliver(self, uuid: str, text: str) -> bool:
         """Queue a child's result; False when that uuid was seen already."""
@@ -217,6 +242,7 @@ class Conversation:
             raise RuntimeError("this conversation is already running a turn")
         self._running = True
         self._aborted = None
+        self._accepting = True
         try:
             # Input queued while no turn ran (an injection, a child's result)
             # is this turn's from its first model call, ahead of the turn's own
@@ -243,6 +269,12 @@ class Conversation:
                 except Exception as exc:  # contained: one child's bug ends only its turn
                     logger.exception("conversation loop failed")
                     terminal = Failed(reason="error", message=f"{type(exc).__name__}: {exc}")
+                finally:
+                    # Reached with no await since the loop's last look at its
+                    # steering (a return, an error, the scope's cancellation):
+                    # from here on `offer` refuses, so no steering can slip in
+                    # after the loop stopped reading it.
+                    self._accepting = False
             self._scope = None
             if terminal is None:
                 if self._aborted is not None:
@@ -258,6 +290,7 @@ class Conversation:
             return terminal
         finally:
             self._scope = None
+            self._accepting = False
             self._running = False
 
     def _take_input(self, text: str) -> None:
@@ -312,6 +345,10 @@ class Conversation:
             await self._checkpoint(self._scope)
             if step > 0:
                 self._absorb()
+            if step + 1 == self.max_turns:
+                # The last step: no boundary follows where steering could be
+                # read, so from here it is refused and becomes a turn itself.
+                self._accepting = False
             parts: list[str] = []
             calls: list[ToolCall] = []
             # Deltas are coalesced to at most one per DELTA_INTERVAL: a model

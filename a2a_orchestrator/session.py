@@ -39,7 +39,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus, Listener
+from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus, Input, Listener
 from .errors import ConfigError
 from .events import (
     CHILD_EVENT_KINDS,
@@ -393,6 +393,7 @@ class Session:
         stored = await self.store.events(self.id, child_id=record.child_id)
         entries: list[str | ChildEvent] = []
         history: list[ChildEvent] = []
+        terminated = False
         for item in stored:
             if item.kind in _INPUT_KINDS:
                 entries.append(str(item.payload.get("text", "")))
@@ -400,7 +401,11 @@ class Session:
                 event = event_from_dict(item.payload)
                 entries.append(event)
                 history.append(event)
-            # Other rows (control actions, injections) are records, not transcript.
+            elif item.kind == "control" and item.payload.get("action") in _FINALITY:
+                # A stop is final across restarts: the last terminate or
+                # reinstate recorded decides whether the child takes input.
+                terminated = item.payload["action"] == "terminate"
+            # Other rows (pauses, injections) are records, not transcript.
         config = ChildConfig.from_dict(record.config)
         spec = self._spec_for(record)
         run: ChildRun
@@ -420,6 +425,12 @@ class Session:
                 turn_started=inputs[-1].created_at if inputs else record.created_at,
                 on_attached=self._attached(record.child_id),
                 on_opening=self._opening(record.child_id),
+                # A child that is not resuming is answered from the store
+                # (its result, its status): its agent is contacted only when
+                # it is given work, so a finished child stays readable while
+                # its server is down.
+                connect=resume,
+                finished=record.status in ("completed", "failed"),
             )
         else:
             extra = self.child_tools(record.child_id, record.depth) if self.child_tools else None
@@ -439,6 +450,7 @@ class Session:
             )
             self._bind_nested(record.child_id, run)
         handle = self._hold(record, spec, run, history)
+        handle.terminated = terminated
         if resume and not handle.settled:
             handle.continue_turn()
         elif resume and history:
@@ -489,17 +501,21 @@ class Session:
 
         return opening
 
-    async def _sink(self, handle: ChildHandle, item: ChildEvent | str) -> bool:
-        if isinstance(item, str):
+    async def _sink(self, handle: ChildHandle, item: ChildEvent | Input) -> bool:
+        if isinstance(item, Input):
             # A new turn: the row says running again, so a crash during it is
             # recovered like the first turn's would be.
-            await self.store.append_event(
-                self.id,
-                "input",
-                {"text": item},
-                child_id=handle.child_id,
-                child_changes={"status": "running", "completed_at": None},
-            )
+            running = {"status": "running", "completed_at": None}
+            if item.recorded:
+                await self.store.update_child(handle.child_id, **running)
+            else:
+                await self.store.append_event(
+                    self.id,
+                    item.kind,
+                    {"text": item.text},
+                    child_id=handle.child_id,
+                    child_changes=running if item.kind == "input" else None,
+                )
             return True
         if isinstance(item, MessageDelta):
             return True  # live only: the whole message is stored with its `message` event
@@ -535,6 +551,8 @@ _STATUSES = ("running", "input_required", "completed", "failed")
 # follow-ups, steering messages, and (for a child that is itself a parent)
 # the results of its own children.
 _INPUT_KINDS = ("input", "steer", "subagent_result")
+# Control rows that make a child's stop final, or lift it.
+_FINALITY = ("terminate", "reinstate")
 
 ChildTools = Callable[[str, int], Mapping[str, Tool]]
 

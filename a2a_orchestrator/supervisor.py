@@ -25,20 +25,21 @@ the hold. The rules go to a child when it is subscribed to, or when the
 supervisor first hears of it (spawned, or after a restart), and are dropped
 with the subscription.
 
-Operations on one child are allowed only to its direct parent.
+Operations on one child are allowed only to its direct parent. As a tool,
+every error an action meets is its result (`control.as_tool`). A stop with
+`signal="terminate"` is final: the child refuses messages until `resume`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .control import ControlPlane
+from .control import ControlPlane, as_tool
 from .delegation import ChildHandle
-from .errors import ControlError, ToolError, UnknownChildError
+from .errors import ControlError, UnknownChildError
 from .events import ChildEvent, new_uuid
 from .selectors import EVENT_KINDS, Selector, event_context, render_inject
 from .tools import Tool
@@ -223,10 +224,15 @@ class Supervisor:
         return {"pid": pid, "paused": True}
 
     async def resume(self, pid: str) -> dict[str, Any]:
+        """Run a paused child on; a terminated one takes messages again."""
         handle = await self._direct(pid)
-        await handle.resume()
+        lifted = await self.plane.resume(pid)
+        if not (lifted["reinstated"] or lifted["resumed"]):
+            # A pause this process did not see (set before a restart): the
+            # child's run is asked all the same.
+            await handle.resume()
         await self._record(handle, "resume")
-        return {"pid": pid, "paused": False}
+        return {"pid": pid, "paused": False, "terminated": False}
 
     async def stop(self, pid: str, signal: str = "interrupt") -> dict[str, Any]:
         """`pause`; `interrupt` (end the turn, keep the conversation); `terminate`."""
@@ -237,9 +243,10 @@ class Supervisor:
             return await self.pause(pid)
         if signal == "interrupt":
             stopped = await handle.interrupt()
+            await self._record(handle, signal)
         else:
-            stopped = await handle.cancel()
-        await self._record(handle, signal)
+            # Final: it refuses messages until `resume` (recorded by the plane).
+            stopped = await self.plane.terminate(handle)
         return {"pid": pid, "signal": signal, "stopped": stopped}
 
     async def status(self, pid: str) -> dict[str, Any]:
@@ -428,20 +435,17 @@ SUPERVISOR_PARAMETERS: dict[str, Any] = {
 def supervisor_tool(supervisor: Supervisor) -> Tool:
     """The one `supervisor` tool over a `Supervisor`."""
 
-    async def run(arguments: dict[str, Any]) -> str:
+    async def run(arguments: dict[str, Any]) -> Any:
         fields = dict(arguments)
         action = str(fields.pop("action", ""))
-        try:
-            result = await supervisor.act(action, fields)
-        except ControlError as exc:
-            raise ToolError(str(exc)) from exc
-        return json.dumps(result, ensure_ascii=False, indent=1)
+        return await supervisor.act(action, fields)
 
-    return Tool(
-        name="supervisor",
-        description="Supervise your sub-agents: spawn them, subscribe to their events "
+    return as_tool(
+        "supervisor",
+        "Supervise your sub-agents: spawn them, subscribe to their events "
         "(injected into your context when they match), message, pause, resume or stop "
-        "them, read their status and their live context.",
-        parameters=SUPERVISOR_PARAMETERS,
-        run=run,
+        "them, read their status and their live context. stop with signal=terminate "
+        "is final until resume.",
+        SUPERVISOR_PARAMETERS,
+        run,
     )

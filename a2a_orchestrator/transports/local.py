@@ -69,8 +69,11 @@ class LocalRun:
     def model(self) -> str:
         return self.conversation.model.name
 
-    async def turn(self, text: str | None, emit: Emit) -> None:
+    async def turn(self, text: str | None, emit: Emit) -> list[str]:
         await self.conversation.run(text, emit)
+        # Steering the turn took but never read (it ended first): handed
+        # back, so the handle makes it the next turn's input.
+        return self.conversation.take_steering()
 
     async def cancel(self) -> None:
         self.conversation.resume()
@@ -88,8 +91,10 @@ class LocalRun:
         so a listener's `pause()` already lands at the event."""
         return False
 
-    async def steer(self, text: str) -> None:
-        self.conversation.steer(text)
+    async def steer(self, text: str) -> bool:
+        # Decided at once in this process: the loop either will read it or
+        # has passed its last step boundary (then the handle opens a turn).
+        return self.conversation.offer(text)
 
     async def interrupt(self) -> None:
         self.conversation.resume()

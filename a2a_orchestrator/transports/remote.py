@@ -34,6 +34,17 @@ itself, so a parent's pause decided on that event lands there, however late
 the event reaches the parent. Rules that change while a turn's message is
 on its way reach the server one round trip after the turn's first frame.
 
+Steering (`steer`, over the control extension) goes to the turn's task once
+the agent is known to be running it (a first event of the turn); until then
+it is held and sent then. The agent decides whether its turn still reads it;
+one that has passed its last step boundary refuses ("not running"), and the
+text goes back to the handle as a turn of its own, as does held steering
+the turn ended without sending.
+
+A reopened child that is not resuming (`connect=False`) reads no agent card
+until it is given work, so a finished child stays readable from the store
+while its agent is down.
+
 This module is the one boundary where httpx and a2a client errors become
 `DelegationError`s (`translate_error`), with the cause kept.
 """
@@ -76,7 +87,7 @@ from a2a.types import (
     Task,
     TaskState,
 )
-from a2a.utils.errors import A2AError
+from a2a.utils.errors import A2AError, InvalidParamsError
 from anyio.streams.memory import MemoryObjectSendStream
 from google.protobuf.json_format import MessageToDict
 
@@ -143,6 +154,10 @@ def translate_error(exc: BaseException, url: str) -> DelegationError:
 
 _TRANSLATED = (httpx.HTTPError, A2AError)
 
+# How a role server (handler.py) refuses a control message for a task whose
+# turn is over, or, for steering, past its last step boundary.
+_NOT_RUNNING = "is not running on this server"
+
 
 @contextlib.contextmanager
 def _translated(url: str) -> Any:
@@ -161,8 +176,8 @@ class RemoteRun:
         self,
         delegate: RemoteDelegate,
         spec: AgentSpec,
-        client: Client,
-        card: AgentCard,
+        client: Client | None,
+        card: AgentCard | None,
         *,
         overrides: dict[str, Any],
         turn_timeout: float,
@@ -172,17 +187,21 @@ class RemoteRun:
         pending_text: str = "",
         turn_started: float | None = None,
         fresh: bool = False,
+        finished: bool = False,
         on_attached: OnAttached | None = None,
         on_opening: OnOpening | None = None,
     ) -> None:
         """`fresh`: a new child, whose first turn sends its opening message
         under the stored `message_id`; a reopened child finds that message's
-        task (or sends it again) only to continue an interrupted turn."""
+        task (or sends it again) only to continue an interrupted turn.
+        `client` and `card` None: read on first use (`connect`). `finished`:
+        the stored child's task is over (done or failed), so its next turn
+        opens a new task in the context rather than writing to a closed one."""
         self.delegate = delegate
         self.spec = spec
         self.url = spec.url or ""
-        self.client = client
-        self.card = card
+        self._client = client
+        self._card = card
         self.overrides = overrides
         self.turn_timeout = turn_timeout
         """Seconds a turn may take (the child's timeout); the deadline adds the grace."""
@@ -193,6 +212,8 @@ class RemoteRun:
         self.on_attached = on_attached
         self.on_opening = on_opening
         self.decoder = StreamDecoder()
+        if finished:
+            self.decoder.state = TaskState.TASK_STATE_COMPLETED
         # The context's first message carries the child's configuration; a
         # stored task means it was sent (recovery learns it from ListTasks).
         self._sent_config = bool(task_id)
@@ -211,10 +232,36 @@ class RemoteRun:
         self._turn_live = False
         """A frame of the running turn came (the server is executing it)."""
         self._rules_lock = anyio.Lock()
+        # Steering held until the agent runs this turn (`_live`), in order;
+        # sent by one task at a time, so none is sent twice.
+        self._held: list[str] = []
+        self._live = False
+        self._sending = anyio.Lock()
+        # The agent said this turn reads no more steering: it is not asked again.
+        self._past_steering = False
 
     @property
     def model(self) -> str:
         return str(self.overrides.get("model", ""))
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise RuntimeError(f"the run of {self.url} is not connected yet")
+        return self._client
+
+    @property
+    def card(self) -> AgentCard:
+        if self._card is None:
+            raise RuntimeError(f"the run of {self.url} is not connected yet")
+        return self._card
+
+    async def connect(self) -> None:
+        """Read the agent's card and open a client, once."""
+        if self._client is None:
+            card = await self.delegate.card(self.spec)
+            self._card = card
+            self._client = self.delegate.streaming_client(self.spec, card)
 
     async def _note_ids(self) -> None:
         task_id, context_id = self.decoder.task_id, self.decoder.context_id
@@ -239,12 +286,16 @@ class RemoteRun:
 
     # -- a turn -------------------------------------------------------------------
 
-    async def turn(self, text: str | None, emit: Emit) -> None:
-        """Play one turn within its deadline (see the module docstring)."""
+    async def turn(self, text: str | None, emit: Emit) -> list[str]:
+        """Play one turn within its deadline (see the module docstring);
+        returns the held steering it never sent (the handle's next turn)."""
+        await self.connect()
         # A cancel asked for before an earlier turn's task had an id does not
         # carry over to this turn (the handle stops a turn not yet started).
         self._cancel_requested = False
         self._ended = False
+        self._live = False
+        self._past_steering = False
         self._heard()
 
         async def watched(event: ChildEvent) -> None:
@@ -252,6 +303,13 @@ class RemoteRun:
             self._ended = self._ended or event.kind in TERMINAL_KINDS
             if event.kind in TERMINAL_KINDS:
                 self._turn_live = False
+            if self._ended:
+                self._live = False
+            elif self.task_id and not self._past_steering:
+                # The agent runs this turn now: steering can reach it.
+                self._live = True
+                if self._held:
+                    await self._send_held()
 
         # A turn resumed after a restart keeps the deadline it started with.
         left = self.turn_timeout + self.delegate.deadline_grace
@@ -265,6 +323,12 @@ class RemoteRun:
                 await self._time_out(watched)
         finally:
             self._turn_live = False
+            self._live = False
+        # After a send in flight has its answer: what the agent took is not
+        # handed back as well.
+        async with self._sending:
+            unsent, self._held = self._held, []
+        return unsent
 
     async def _play(self, text: str | None, emit: Emit) -> None:
         if text is not None:
@@ -547,6 +611,7 @@ class RemoteRun:
 
     async def _send_cancel(self) -> None:
         self._cancel_requested = False
+        await self.connect()
         with _translated(self.url):
             try:
                 await self.client.cancel_task(
@@ -556,15 +621,19 @@ class RemoteRun:
                 # Already terminal (TaskNotCancelable): the stream tells the rest.
                 logger.info("cancel of %s on %s: %s", self.task_id, self.url, exc)
 
-    async def _control(
-        self, action: str, text: str = "", metadata: Mapping[str, Any] | None = None
-    ) -> None:
+    async def _controllable(self, action: str) -> None:
+        await self.connect()
         extensions = [e.uri for e in self.card.capabilities.extensions]
         if CONTROL_EXTENSION not in extensions:
             raise DelegationError(
                 f"agent at {self.url} does not support {action}: its card does not declare "
                 f"the control extension {CONTROL_EXTENSION}"
             )
+
+    async def _control(
+        self, action: str, text: str = "", metadata: Mapping[str, Any] | None = None
+    ) -> None:
+        await self._controllable(action)
         if not self.task_id:
             raise DelegationError(f"cannot {action} a child before its task exists")
         message = new_text_message(text or action, role=Role.ROLE_USER)
@@ -599,6 +668,11 @@ class RemoteRun:
         """Give the task these pause rules (see the module docstring). False
         for a peer without the action: a parent's pause then comes as a
         plain `pause`, a step or two after the event on a fast child."""
+        try:
+            await self.connect()  # a child reopened from the store may not be yet
+        except DelegationError as exc:
+            logger.info("pause rules for %s: %s", self.url, exc)
+            return False
         if not self._takes_pause_rules():
             return False
         self._pause_rules = pause_rules_to_wire(rules)
@@ -620,19 +694,59 @@ class RemoteRun:
                 # carries the rules); a pause still comes as a plain pause.
                 logger.info("pause rules for %s on %s: %s", self.task_id, self.url, exc)
 
-    async def steer(self, text: str) -> None:
-        await self._control("steer", text)
+    async def steer(self, text: str) -> bool:
+        await self._controllable("steer")
+        if not self._live or self._held:
+            # Not running on the agent yet (no task, or not started), or
+            # behind steering still held: held in order, and sent once it
+            # runs; what the turn ends without sending, `turn` hands back.
+            self._held.append(text)
+            if self._live:
+                await self._send_held()
+            return True
+        return await self._steer_now(text)
+
+    async def _steer_now(self, text: str) -> bool:
+        """Steer the running task; False when the agent says its turn is
+        over or past its last step boundary (then so is this run's steering)."""
+        try:
+            await self._control("steer", text)
+        except ProtocolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, InvalidParamsError) and _NOT_RUNNING in cause.message:
+                self._past_steering = True
+                self._live = False
+                return False
+            raise
+        return True
+
+    async def _send_held(self) -> None:
+        """Send held steering now that the agent runs the turn; what it
+        refuses, or what cannot be sent, stays held (tried again at the
+        turn's next event, else handed back as the next turn's input)."""
+        async with self._sending:
+            while self._held and self._live:
+                try:
+                    taken = await self._steer_now(self._held[0])
+                except DelegationError as exc:
+                    logger.info("held steering for %s not sent: %s", self.url, exc)
+                    return
+                if not taken:
+                    return
+                self._held.pop(0)
 
     async def history(self) -> list[ChatMessage]:
         """The task's conversation, read back from its history with GetTask."""
         if not self.task_id:
             return []
+        await self.connect()
         with _translated(self.url):
             task = await self.client.get_task(GetTaskRequest(id=self.task_id))
         return transcript_from_history(task, "")
 
     async def aclose(self) -> None:
-        await self.client.close()
+        if self._client is not None:
+            await self._client.close()
 
 
 async def _read(
@@ -758,6 +872,10 @@ class RemoteDelegate:
         """A non-streaming client to the same agent (control messages)."""
         return self._client(run.spec, run.card, streaming=False)
 
+    def streaming_client(self, spec: AgentSpec, card: AgentCard) -> Client:
+        """The client a child's turns stream through."""
+        return self._client(spec, card, streaming=True)
+
     async def open(
         self,
         spec: AgentSpec,
@@ -801,20 +919,24 @@ class RemoteDelegate:
         turn_started: float | None = None,
         on_attached: OnAttached | None = None,
         on_opening: OnOpening | None = None,
+        connect: bool = True,
+        finished: bool = False,
     ) -> RemoteRun:
         """Re-attach to a child's task by its stored ids (crash recovery).
 
         With no task id yet, the task is looked for by `context_id` and
         `message_id`, and the opening message (the last text in `entries`)
         is sent again if the agent never got it. `turn_started` (wall
-        clock) keeps an interrupted turn's deadline.
+        clock) keeps an interrupted turn's deadline. `connect=False`: the
+        card is read on first use, not now (a child that is not resuming).
+        `finished`: its last turn ended done or failed (its task is over).
         """
-        card = await self.card(spec)
+        card = await self.card(spec) if connect else None
         texts = [entry for entry in entries if isinstance(entry, str)]
         return RemoteRun(
             self,
             spec,
-            self._client(spec, card, streaming=True),
+            self.streaming_client(spec, card) if card is not None else None,
             card,
             overrides=config.overrides(),
             turn_timeout=self.turn_timeout(spec, config),
@@ -823,6 +945,7 @@ class RemoteDelegate:
             message_id=message_id,
             pending_text=texts[-1] if texts else config.prompt,
             turn_started=turn_started,
+            finished=finished,
             on_attached=on_attached,
             on_opening=on_opening,
         )
