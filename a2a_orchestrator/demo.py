@@ -9,6 +9,7 @@ tool calls that write real files and run the project's real tests.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from contextlib import AsyncExitStack
@@ -23,6 +24,7 @@ from .server import run_role_server
 from .session import Session
 from .store import Store
 from .tools import Sandbox
+from .tools.sandbox import probe
 from .view import LiveTree
 
 __all__ = ["DEMO_BRIEF", "DEMO_ROLES", "SCENARIO", "prepare_workdir", "run_demo"]
@@ -60,6 +62,29 @@ def prepare_workdir(target: Path | None = None) -> Path:
     return workdir
 
 
+def demo_sandbox(sandbox: Sandbox, out: TextIO) -> Sandbox:
+    """The sandbox the demo's commands run in: `sandbox`, or none where
+    bubblewrap cannot run here.
+
+    Elsewhere a missing sandbox refuses `run_command`: there a model chooses
+    the commands. The demo's commands come from its shipped script (a test
+    run of the sample project), not from a model, so the demo still runs on a
+    machine without bubblewrap, and says so.
+    """
+    if not sandbox.enabled:
+        return sandbox
+    reason = probe(sandbox.bwrap, network=sandbox.network)
+    if not reason:
+        return sandbox
+    out.write(
+        f"sandbox: none ({reason}). The demo's commands come from its shipped "
+        "script, not from a model, so they run unsandboxed here; a role that runs "
+        "a model's commands refuses to start without bubblewrap "
+        "(apt-get install bubblewrap).\n"
+    )
+    return dataclasses.replace(sandbox, enabled=False)
+
+
 async def run_demo(
     workdir: Path | None = None, *, out: TextIO, sandbox: Sandbox | None = None
 ) -> PipelineResult:
@@ -70,6 +95,7 @@ async def run_demo(
     workdir = prepare_workdir(workdir)
     state = workdir / ".a2a"
     out.write(NOTICE + "\n")
+    sandbox = demo_sandbox(sandbox if sandbox is not None else Sandbox.from_env(), out)
     out.write(f"work directory: {workdir}\n\n")
     async with AsyncExitStack() as stack:
         specs = []

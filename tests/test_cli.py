@@ -179,6 +179,40 @@ def test_demo_runs_offline_end_to_end(tmp_path: Path) -> None:
     assert check.returncode == 0 and "Ran 7 tests" in check.stderr
 
 
+def test_demo_runs_where_bubblewrap_cannot(tmp_path: Path) -> None:
+    """A fresh machine may lack bubblewrap: the demo's commands come from its
+    shipped script, not a model, so it runs them unsandboxed and says so."""
+    # PATH with everything of /usr/bin but bwrap (faking a machine without it).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program in Path("/usr/bin").iterdir():
+        if program.name != "bwrap":
+            (bin_dir / program.name).symlink_to(program)
+    path = os.pathsep.join([str(Path(sys.executable).parent), str(bin_dir)])
+    work = tmp_path / "demo"
+    result = subprocess.run(
+        [*CLI, "demo", "--workdir", str(work)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, **OFFLINE, "PATH": path},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sandbox: none (bubblewrap is not installed" in result.stdout
+    assert "signal: TASK_DONE" in result.stdout
+    # Elsewhere the refusal stands: a role server that runs a model's commands.
+    serve = subprocess.run(
+        [*CLI, "serve", "coder", "--port", "0", "--workdir", str(work)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, **OFFLINE, "PATH": path},
+    )
+    assert serve.returncode == 2 and "apt-get install bubblewrap" in serve.stderr
+
+
 def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     run = cli("run", "Add a hello module", cwd=tmp_path)
     # No model configured: every role says so and skips; the exit code is the signal.
