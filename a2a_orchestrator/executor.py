@@ -47,8 +47,8 @@ from google.protobuf.json_format import MessageToDict
 
 from .delegation import INTERRUPTED_TEXT
 from .errors import ConfigError, ControlError
-from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired
-from .journal import CallJournal, ToolJournal
+from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, ToolCalled
+from .journal import CallJournal, JournalRow, ToolJournal
 from .models.base import ChatMessage, Model
 from .models.config import limit_model
 from .overrides import Overrides, check_wire_overrides, offered_models, parse_overrides
@@ -185,6 +185,27 @@ def role_conversation(
         messages=messages,
         journal=journal,
     )
+
+
+def _restore_lost_calls(
+    per_task: list[list[str | ChildEvent]], calls: Sequence[JournalRow]
+) -> None:
+    """Put back the interrupted calls whose announcement a crash kept from the
+    task store (a call's start is journaled before the task's frames are
+    saved), so the model is told they were interrupted instead of playing
+    the step again. Each goes into the task the crash ended (`lost`), just
+    before that end, in the order the calls started; with no such task, at
+    the end."""
+    announced = {e.call_id for entries in per_task for e in entries if isinstance(e, ToolCalled)}
+    missing = [row for row in calls if row.call_id not in announced]
+    if not missing:
+        return
+    restored = [ToolCalled(call_id=r.call_id, tool=r.tool, arguments=r.arguments) for r in missing]
+    for entries in per_task:
+        if entries and isinstance(entries[-1], Failed) and entries[-1].reason == "lost":
+            entries[-1:-1] = restored
+            return
+    per_task[-1].extend(restored)
 
 
 def _metadata(message: Message | None) -> dict[str, Any]:
@@ -401,7 +422,7 @@ class RoleExecutor(AgentExecutor):
         current = context.message.message_id if context.message else ""
         earlier = await self._earlier_tasks(task, context.call_context)
         tasks = [*earlier, task]
-        entries = [e for t in tasks for e in history_entries(t, exclude=current)]
+        per_task = [history_entries(t, exclude=current) for t in tasks]
         # The context's first message carries the child's configuration.
         first = next((t.history[0] for t in tasks if t.history), context.message)
         # Checked again though the handler checked it on the way in: a stored
@@ -412,7 +433,12 @@ class RoleExecutor(AgentExecutor):
         if overrides.model is not None and self._models is not None:
             model = self._models(overrides.model)
         journal = self.journal
-        interrupted = await journal.interrupted(task.context_id) if journal else None
+        interrupted = None
+        if journal is not None:
+            calls = await journal.interrupted_calls(task.context_id)
+            interrupted = {row.call_id for row in calls}
+            _restore_lost_calls(per_task, calls)
+        entries = [e for task_entries in per_task for e in task_entries]
         messages = rebuild_transcript(
             role.prompt, entries, shared_context=overrides.shared_context, interrupted=interrupted
         )

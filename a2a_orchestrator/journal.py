@@ -181,15 +181,16 @@ class ToolJournal:
 
     async def unfinished(self, scope: str | None = None) -> list[JournalRow]:
         """Calls that started and were never closed (of one scope, or all)."""
-        sql = "SELECT * FROM tool_calls WHERE finished_at IS NULL"
-        params: list[Any] = []
-        if scope is not None:
-            sql += " AND scope = ?"
-            params.append(scope)
+        if scope is None:
+            return await self._rows("finished_at IS NULL", [])
+        return await self._rows("finished_at IS NULL AND scope = ?", [scope])
+
+    async def _rows(self, where: str, params: list[Any]) -> list[JournalRow]:
         conn = self._file.conn
+        sql = f"SELECT * FROM tool_calls WHERE {where} ORDER BY started_at"
 
         def rows() -> list[JournalRow]:
-            cursor = conn.execute(sql + " ORDER BY started_at", params)
+            cursor = conn.execute(sql, params)
             names = [d[0] for d in cursor.description]
             found = []
             for values in cursor.fetchall():
@@ -212,19 +213,14 @@ class ToolJournal:
 
         return await self._file.run(rows)
 
+    async def interrupted_calls(self, scope: str) -> list[JournalRow]:
+        """The calls of `scope` that a crash interrupted (open, or closed as such)."""
+        where = "scope = ? AND (finished_at IS NULL OR outcome = 'interrupted')"
+        return await self._rows(where, [scope])
+
     async def interrupted(self, scope: str) -> set[str]:
         """Call ids of `scope` that a crash interrupted (open, or closed as such)."""
-        conn = self._file.conn
-
-        def ids() -> set[str]:
-            cursor = conn.execute(
-                "SELECT call_id FROM tool_calls WHERE scope = ? AND "
-                "(finished_at IS NULL OR outcome = 'interrupted')",
-                (scope,),
-            )
-            return {str(r[0]) for r in cursor.fetchall()}
-
-        return await self._file.run(ids)
+        return {row.call_id for row in await self.interrupted_calls(scope)}
 
     async def recover(self, scope: str | None = None) -> list[JournalRow]:
         """End what dead runners' open calls left running, and close those calls.

@@ -243,3 +243,38 @@ async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) 
     assert runs.read_text() == "start\n"
     assert open_rows == [] and len(closed) == 1
     assert _no_leftovers(db) == []
+
+
+def test_a_call_journaled_but_never_announced_is_put_back_as_interrupted() -> None:
+    """A role server killed after a call's start reached the journal but before
+    its announcement reached the task store: the rebuilt conversation must
+    still hold the call, answered as interrupted, or the model would play the
+    step (and the command) again."""
+    from a2a_orchestrator.executor import _restore_lost_calls
+    from a2a_orchestrator.journal import JournalRow
+
+    row = JournalRow(
+        marker="m",
+        scope="ctx",
+        call_id="c1",
+        tool="run_command",
+        arguments={"command": "echo once"},
+        runner_pid=1,
+        runner_ticks=1,
+        runner_boot="",
+        pgid=None,
+        pgid_ticks=None,
+    )
+    lost = Failed(reason="lost", message="the role server stopped while this task ran")
+    per_task: list[list[Any]] = [["run it", Started(), lost]]
+    _restore_lost_calls(per_task, [row])
+    entries = [*per_task[0], "go on"]
+    messages = rebuild_transcript("sys", entries, interrupted={"c1"})
+    assert [(m["role"], m.get("content")) for m in messages] == [
+        ("system", "sys"),
+        ("user", "run it"),
+        ("assistant", None),
+        ("tool", INTERRUPTED_CALL),
+        ("user", "go on"),
+    ]
+    assert messages[2]["tool_calls"][0]["function"]["name"] == "run_command"

@@ -39,6 +39,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -206,6 +207,11 @@ class Sandbox:
             *("--proc", "/proc"),
             *("--tmpfs", "/tmp"),
         ]
+        # The fresh /tmp would hide a Python environment kept under /tmp (a
+        # checkout's .venv there): commands run this interpreter by its path.
+        for path in _interpreter_dirs():
+            if path.is_relative_to("/tmp"):
+                args += ["--ro-bind", str(path), str(path)]
         for run in ("/run", "/var/run"):
             if os.path.isdir(run) and not os.path.islink(run):
                 args += ["--tmpfs", run]
@@ -241,6 +247,14 @@ class Sandbox:
             *argv,
         ]
         return args
+
+
+@functools.cache
+def _interpreter_dirs() -> tuple[Path, ...]:
+    """The server's Python environment and interpreter, resolved."""
+    found = {Path(os.path.realpath(p)) for p in (sys.prefix, sys.base_prefix)}
+    found.add(Path(os.path.realpath(sys.executable)).parent)
+    return tuple(sorted(found))
 
 
 def _hide(paths: Iterable[Path]) -> list[str]:
