@@ -19,7 +19,8 @@ after each trial (and a wait past the command's own time):
   store still says `running`;
 - re-run: the command started more than once;
 - orphaned: a process tagged with one of the trial's tool-call markers is
-  still alive, or `end` was written after the kill by a survivor.
+  still alive, or an `end` was written after the kill with no `start` since
+  (the killed run's command outlived it).
 
 `--races N` also runs bench/races.py's confinement races (N per tool) and
 adds their escapes. `--no-sandbox` runs commands without bubblewrap (the
@@ -111,13 +112,20 @@ def _count(runs: Path) -> tuple[int, int]:
     return lines.count("start"), lines.count("end")
 
 
-def _tally(outcome: Counter[str], runs: Path, db: Path, ended_at_kill: int, settled: bool) -> None:
+def _tally(
+    outcome: Counter[str], runs: Path, db: Path, at_kill: tuple[int, int], settled: bool
+) -> None:
     starts, ends = _count(runs)
     outcome["re-run"] += starts > 1
     outcome["lost"] += not settled
     survivors = [pid for m in _markers(db) for pid in marked_processes(m)]
     # An `end` written after the kill came from a process that outlived it.
-    outcome["orphaned"] += bool(survivors) or ends > ended_at_kill
+    # An `end` written after the kill with no new `start` since came from the
+    # killed run's command, which outlived it. (A run that first started after
+    # the restart, the kill having come before the command, ends legitimately.)
+    started_at_kill, ended_at_kill = at_kill
+    outlived = ends > ended_at_kill and starts == started_at_kill > 0
+    outcome["orphaned"] += bool(survivors) or outlived
 
 
 async def orchestrator_trial(work: Path, delay: float, no_sandbox: bool) -> Counter[str]:
@@ -138,7 +146,7 @@ async def orchestrator_trial(work: Path, delay: float, no_sandbox: bool) -> Coun
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
-    ended_at_kill = _count(runs)[1]
+    at_kill = _count(runs)
     store = Store(store_path)
     model = ScriptedModel(script)
     settled = False
@@ -158,7 +166,7 @@ async def orchestrator_trial(work: Path, delay: float, no_sandbox: bool) -> Coun
         await anyio.sleep(SETTLE)
     finally:
         store.close()
-    _tally(outcome, runs, store_path, ended_at_kill, settled)
+    _tally(outcome, runs, store_path, at_kill, settled)
     return outcome
 
 
@@ -193,7 +201,7 @@ async def role_server_trial(work: Path, delay: float, no_sandbox: bool) -> Count
     store = Store(work / "o.db")
     network = Network.of(AgentSpec(name="remote", role="coder", url=url))
     settled = False
-    ended_at_kill = 0
+    at_kill = (0, 0)
     try:
         with anyio.move_on_after(40):
             async with Session(store, workdir=work, network=network, lost_after=20) as session:
@@ -201,7 +209,7 @@ async def role_server_trial(work: Path, delay: float, no_sandbox: bool) -> Count
                 await anyio.sleep(delay)
                 process.send_signal(signal.SIGKILL)
                 process.wait()
-                ended_at_kill = _count(runs)[1]
+                at_kill = _count(runs)
                 process, _ = await anyio.to_thread.run_sync(_serve, work, port, db, no_sandbox)
                 first = await handle.result()
                 if isinstance(first, Failed):
@@ -214,7 +222,7 @@ async def role_server_trial(work: Path, delay: float, no_sandbox: bool) -> Count
         store.close()
         process.send_signal(signal.SIGTERM)
         process.wait()
-    _tally(outcome, runs, db, ended_at_kill, settled)
+    _tally(outcome, runs, db, at_kill, settled)
     return outcome
 
 
