@@ -30,6 +30,15 @@ Contract kept here:
   step boundaries, never at step 0: steering first, then child results.
   Input queued between turns is taken when the next turn starts, so its
   first model call sees it. Child results are de-duplicated by their uuid.
+- Budgets (`budgets.py`): with a `budget`, the conversation is stopped at
+  the step where it would pass it, as `Failed(reason="budget")`: before a
+  model call once a kind is used up, right after a model call whose tokens
+  or cost passed it (its tool calls are not run), and at a deadline for
+  wall time. `spent` is the child's spend over its whole life (seeded when
+  it is rebuilt after a crash), `spent_below` what its own children spent;
+  a turn's `cap` (a role server's per-caller limit) counts this turn only.
+  Every `Done` and `Failed` carries the turn's spend; the first event of
+  each step carries that model call's.
 - `offer(text)` is steering for the running turn only, decided at once: True
   while the turn can still read it, False (nothing queued) once the turn has
   passed its last step boundary or none runs. A turn that ends with offered
@@ -48,7 +57,8 @@ from typing import Any
 
 import anyio
 
-from .errors import ModelError, ToolError
+from .budgets import Budget, Price, Spend
+from .errors import ConfigError, ModelError, ToolError
 from .events import (
     AssistantMessage,
     ChildEvent,
@@ -105,7 +115,16 @@ class Conversation:
         role: str = "",
         messages: Sequence[ChatMessage] | None = None,
         journal: CallJournal | None = None,
+        budget: Budget | None = None,
+        price: Price | None = None,
+        spent: Spend | None = None,
+        turn_spent: Spend | None = None,
+        spent_below: Callable[[], Awaitable[Spend]] | None = None,
     ) -> None:
+        """`budget` caps the child's life and subtree; `price` makes its model
+        calls' cost (required for a cost budget); `spent` is what it spent
+        before (a rebuilt child), `turn_spent` what the turn a crash cut had
+        spent, `spent_below` reads what its own children spent."""
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if timeout <= 0:
@@ -124,6 +143,22 @@ class Conversation:
             self.messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.usage = Usage()
         self._turn_usage = Usage()
+        self.budget = budget if budget is not None and not budget.empty else None
+        if self.budget is not None and self.budget.cost is not None and price is None:
+            raise ConfigError(
+                f"a cost budget needs a price for model {model.name!r} in the price table "
+                "(A2A_PRICES)"
+            )
+        self.price = price
+        self.spent = spent or Spend()
+        """Spent over the child's whole life, this turn included."""
+        self._resumed_turn = turn_spent or Spend()
+        self._turn_spend = Spend()
+        self._spent_below = spent_below
+        self._cap: Budget | None = None
+        self._budget_deadline = False
+        self._paused_time = 0.0
+        self._turn_started = 0.0
         self._running = False
         self._aborted: tuple[FailReason, str] | None = None
         self._scope: anyio.CancelScope | None = None
@@ -175,6 +210,13 @@ class Conversation:
         pending = self.pending_question
         if pending is not None:
             self.messages.append({"role": "tool", "tool_call_id": pending, "content": answer})
+
+    def spent_now(self) -> Spend:
+        """`spent` with the running turn's time so far (paused time not counted)."""
+        if not self._running:
+            return self.spent
+        elapsed = anyio.current_time() - self._turn_started - self._paused_time
+        return self.spent + Spend(seconds=max(elapsed, 0.0))
 
     # -- control ------------------------------------------------------------
 
@@ -236,13 +278,25 @@ class Conversation:
 
     # -- the loop -----------------------------------------------------------
 
-    async def run(self, text: str | None, emit: Emit) -> ChildEvent:
-        """Play one turn; `text=None` continues from the transcript as it is."""
+    async def run(self, text: str | None, emit: Emit, *, cap: Budget | None = None) -> ChildEvent:
+        """Play one turn; `text=None` continues from the transcript as it is.
+        `cap` limits this turn's spend alone (a role server's per-caller limit)."""
         if self._running:
             raise RuntimeError("this conversation is already running a turn")
         self._running = True
         self._aborted = None
         self._accepting = True
+        self._cap = cap if cap is not None and not cap.empty else None
+        # A turn continued after a crash (`text=None`) counts what it spent
+        # before the crash; any other turn starts from nothing.
+        self._turn_spend = self._resumed_turn if text is None else Spend()
+        self._turn_usage = Usage(
+            input_tokens=self._turn_spend.input_tokens,
+            output_tokens=self._turn_spend.output_tokens,
+        )
+        self._resumed_turn = Spend()
+        started_at = self._turn_started = anyio.current_time()
+        self._paused_time = 0.0
         try:
             # Input queued while no turn ran (an injection, a child's result)
             # is this turn's from its first model call, ahead of the turn's own
@@ -258,7 +312,12 @@ class Conversation:
                 self._absorb()
             await emit(Started(role=self.role, model=self.model.name))
             terminal: ChildEvent | None = None
-            with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as scope:
+            limit = self.timeout
+            left = self.budget.left(self.spent).seconds if self.budget is not None else None
+            self._budget_deadline = left is not None and left < limit
+            if left is not None:
+                limit = min(limit, left)
+            with anyio.CancelScope(deadline=anyio.current_time() + limit) as scope:
                 self._scope = scope
                 if self._aborted is not None:
                     scope.cancel()
@@ -276,16 +335,25 @@ class Conversation:
                     # after the loop stopped reading it.
                     self._accepting = False
             self._scope = None
+            elapsed = max(anyio.current_time() - started_at - self._paused_time, 0.0)
+            self._turn_spend = self._turn_spend + Spend(seconds=elapsed)
+            self.spent = self.spent + Spend(seconds=elapsed)
             if terminal is None:
                 if self._aborted is not None:
                     reason, message = self._aborted
                     terminal = Failed(reason=reason, message=message)
+                elif self._budget_deadline:
+                    terminal = await self._budget_failure("seconds")
                 else:
                     terminal = Failed(
                         reason="timeout", message=f"timed out after {self.timeout:g} s"
                     )
             if isinstance(terminal, Done | Failed):
-                terminal = dataclasses.replace(terminal, usage=self._turn_usage)
+                terminal = dataclasses.replace(
+                    terminal, usage=self._turn_usage, spent=self._turn_spend
+                )
+            elif isinstance(terminal, InputRequired):
+                terminal = dataclasses.replace(terminal, spent=self._turn_spend)
             await emit(terminal)
             return terminal
         finally:
@@ -328,8 +396,10 @@ class Conversation:
                     )
                     self.resume()
         finally:
+            paused = anyio.current_time() - started
+            self._paused_time += paused
             if scope is not None and deadline is not None:
-                scope.deadline = deadline + (anyio.current_time() - started)
+                scope.deadline = deadline + paused
 
     def _absorb(self) -> None:
         for text in self._steering:
@@ -339,10 +409,64 @@ class Conversation:
         self._steering.clear()
         self._results.clear()
 
+    async def _total(self) -> Spend:
+        """The child's spend with its children's (their wall time runs inside
+        its own, so it is not added)."""
+        if self._spent_below is None:
+            return self.spent
+        below = await self._spent_below()
+        return self.spent + dataclasses.replace(below, seconds=0.0)
+
+    async def _over_budget(self, *, before_call: bool) -> str | None:
+        """The kind of budget the next model call would pass (`before_call`)
+        or the last one passed; None when within every limit."""
+        if self.budget is not None:
+            total = await self._total()
+            kind = self.budget.used_up(total) if before_call else self.budget.passed(total)
+            if kind is not None:
+                return kind
+        if self._cap is not None:
+            check = self._cap.used_up if before_call else self._cap.passed
+            kind = check(self._turn_spend)
+            if kind is not None:
+                return "cap:" + kind
+        return None
+
+    async def _budget_failure(self, kind: str) -> Failed:
+        if kind.startswith("cap:"):
+            kind = kind[4:]
+            assert self._cap is not None
+            limit = getattr(self._cap, kind)
+            message = (
+                f"budget exhausted: {kind} {self._turn_spend.amount(kind):g} of the "
+                f"{limit:g} this caller may still use on this server today "
+                f"(this turn spent {self._turn_spend.describe()})"
+            )
+            return Failed(reason="budget", message=message)
+        assert self.budget is not None
+        total = await self._total()
+        limit = getattr(self.budget, kind)
+        whose = "this child and its children" if self._spent_below else "this child"
+        message = (
+            f"budget exhausted: {kind} {total.amount(kind):g} of {limit:g} "
+            f"({whose} spent {total.describe()})"
+        )
+        return Failed(reason="budget", message=message)
+
+    def _add_call(self, usage: Usage) -> Spend:
+        cost = self.price.cost(usage) if self.price is not None else 0.0
+        step = Spend.of_call(usage, cost)
+        self._turn_spend = self._turn_spend + step
+        self.spent = self.spent + step
+        return step
+
     async def _loop(self, emit: Emit) -> ChildEvent:
-        self._turn_usage = Usage()
+        carry: Spend | None = None
         for step in range(self.max_turns):
             await self._checkpoint(self._scope)
+            over = await self._over_budget(before_call=True)
+            if over is not None:
+                return await self._budget_failure(over)
             if step > 0:
                 self._absorb()
             if step + 1 == self.max_turns:
@@ -356,6 +480,7 @@ class Conversation:
             # status update. A model that answers at once yields one delta.
             unsent: list[str] = []
             last_sent = anyio.current_time()
+            call_usage = Usage()
             async for item in self.model.stream(self.messages, self._specs):
                 if isinstance(item, TextDelta):
                     if item.text:
@@ -370,12 +495,26 @@ class Conversation:
                 else:
                     self._turn_usage = self._turn_usage + item
                     self.usage = self.usage + item
+                    call_usage = call_usage + item
+            spent = self._add_call(call_usage)
+            # Carried to the next step's first event when this one emits
+            # none (an empty answer the turn goes on from).
+            carry = spent if carry is None else carry + spent
             if unsent:
                 await emit(MessageDelta(text="".join(unsent)))
             text = "".join(parts)
+            over = await self._over_budget(before_call=False)
+            if over is not None:
+                # This call passed the budget: its answer is kept, its tool
+                # calls are not run (nor left unanswered in the transcript).
+                self.messages.append(_assistant_message(text, ()))
+                if text:
+                    await emit(AssistantMessage(text=text, spent=carry))
+                return await self._budget_failure(over)
             self.messages.append(_assistant_message(text, calls))
             if text:
-                await emit(AssistantMessage(text=text))
+                await emit(AssistantMessage(text=text, spent=carry))
+                carry = None
             if not calls and (self._steering or self._results) and step + 1 < self.max_turns:
                 # Input arrived during this last step (a steering message, a
                 # child's result): the turn goes on, so it is read at the next
@@ -387,7 +526,12 @@ class Conversation:
             # message, then its results, which is also how the transcript is
             # rebuilt from a task's history (wire.transcript_from_history).
             for call in calls:
-                await emit(ToolCalled(call_id=call.id, tool=call.name, arguments=call.arguments))
+                await emit(
+                    ToolCalled(
+                        call_id=call.id, tool=call.name, arguments=call.arguments, spent=carry
+                    )
+                )
+                carry = None
             question: str | None = None
             for call in calls:
                 if call.name == ASK_PARENT and self._ask_parent:
