@@ -349,9 +349,7 @@ async def test_results_rendered_for_the_parent(transport: str, tmp_path: Path) -
             full = await plane.result(long.child_id)
     by_sender = {text.split("Sender: ")[1].split("\n")[0]: text for text in inbox_texts}
     header = (
-        "Message Type: FINAL_ANSWER\n"
-        f"Task name: {plane.session.id}\n"
-        f"Sender: {empty.child_id}\n"
+        f"Message Type: FINAL_ANSWER\nTask name: {plane.session.id}\nSender: {empty.child_id}\n"
     )
     # Between the sender and the payload, what the child's subtree spent.
     usage, rest = by_sender[empty.child_id].removeprefix(header).split("\n", 1)
