@@ -15,7 +15,9 @@ works the same on local and remote children:
 - `agent_abort([...])`, `stop_children()` (cascading, returns the count):
   stops are final. An aborted child, running or idle, refuses messages until
   `resume(child_id)`; agent_manage reports it `done`.
-- A concurrency gate per parent and hooks (spawn.before may deny).
+- A concurrency gate per parent and hooks (spawn.before may deny, and sees
+  the config as asked); then the session's spawn policy narrows or denies
+  (`policy.py`), and what is left of the parent's budget caps the child's.
 - A model name a parent chooses (`spawn_agent`/`agent`'s `model`) is one the
   operator offers (`default`, `mini`, the role's `models`, `$A2A_MODELS`),
   never a model script; `Session.spawn` (the operator's own code) is not

@@ -68,7 +68,9 @@ def normalise(event: ChildEvent) -> tuple[str, str]:
             text = ABORTED_TEXT
         elif event.reason == "budget":
             # The message says which limit and what was spent.
-            text = f"subagent stopped by its budget: {event.message}"
+            text = "subagent stopped by its budget: " + event.message.removeprefix(
+                "budget exhausted: "
+            )
         elif event.message == NO_TERMINAL_TEXT:
             text = NO_TERMINAL_TEXT
         else:

@@ -507,7 +507,8 @@ class Conversation:
             if over is not None:
                 # This call passed the budget: its answer is kept, its tool
                 # calls are not run (nor left unanswered in the transcript).
-                self.messages.append(_assistant_message(text, ()))
+                # Content "" rather than None: no tool call follows it.
+                self.messages.append({"role": "assistant", "content": text})
                 if text:
                     await emit(AssistantMessage(text=text, spent=carry))
                 return await self._budget_failure(over)

@@ -351,3 +351,35 @@ async def test_usage_totals_are_exact_after_a_crash_and_a_resume(tmp_path: Path)
     assert replay is None
     assert (total.model_calls, total.input_tokens, total.output_tokens) == (4, 400, 80)
     assert own["c2"].tokens == 240 and subtree["c1"].tokens == 480
+
+
+def test_the_live_tree_shows_a_parents_subtree_tokens() -> None:
+    from io import StringIO
+
+    from a2a_orchestrator.models.base import Usage
+    from a2a_orchestrator.session import RelayedEvent
+    from a2a_orchestrator.view import LiveTree
+
+    tree = LiveTree("t", out=StringIO())
+
+    def done(child_id: str, parent_id: str, tokens: int) -> RelayedEvent:
+        event = Done(text="ok", usage=Usage(input_tokens=tokens))
+        return RelayedEvent(
+            child_id=child_id,
+            parent_id=parent_id,
+            agent="coder",
+            role="coder",
+            transport="local",
+            event=event,
+        )
+
+    for relayed in (
+        done("lead01", "", 100),
+        done("kid001", "lead01", 50),
+        done("kid002", "kid001", 7),
+    ):
+        tree.update(relayed)
+    lead, kid, grandkid = tree.lines()[1:]
+    assert lead.endswith("100 tok (Σ 157 tok)")
+    assert kid.endswith("50 tok (Σ 57 tok)")
+    assert grandkid.endswith("7 tok")
