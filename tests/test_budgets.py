@@ -383,3 +383,46 @@ def test_the_live_tree_shows_a_parents_subtree_tokens() -> None:
     assert lead.endswith("100 tok (Σ 157 tok)")
     assert kid.endswith("50 tok (Σ 57 tok)")
     assert grandkid.endswith("7 tok")
+
+
+async def test_the_http_api_reports_usage_per_session_child_and_subtree(tmp_path: Path) -> None:
+    from starlette.applications import Starlette
+
+    from a2a_orchestrator.api import api_routes
+    from a2a_orchestrator.events import event_to_dict
+    from a2a_orchestrator.store import ChildRecord
+
+    store = Store(tmp_path / "o.db")
+    await store.create_session("s1")
+    for child_id, parent_id in (("a", ""), ("b", "a")):
+        await store.add_child(
+            ChildRecord(
+                child_id=child_id,
+                session_id="s1",
+                parent_id=parent_id,
+                role="coder",
+                status="completed",
+                transport="local",
+                trace_id="t",
+                created_at=0.0,
+            )
+        )
+        turn = Done(text="ok", spent=dataclasses.replace(CALL, seconds=0.5))
+        await store.append_event(
+            "s1", "done", event_to_dict(turn), child_id=child_id, uuid=turn.uuid
+        )
+    app = Starlette(routes=api_routes(store, dict))
+    transport = httpx.ASGITransport(app=app)
+    with anyio.fail_after(10):
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            usage = (await http.get("/api/sessions/s1/usage")).json()
+            children = (await http.get("/api/sessions/s1/children")).json()["children"]
+            sessions = (await http.get("/api/sessions")).json()["sessions"]
+    store.close()
+    assert usage["usage"]["input_tokens"] == 200 and usage["usage"]["model_calls"] == 2
+    assert usage["children"]["a"]["output_tokens"] == 40
+    by_id = {c["child_id"]: c for c in children}
+    assert by_id["a"]["usage"]["input_tokens"] == 100
+    assert by_id["a"]["subtree_usage"]["input_tokens"] == 200
+    assert by_id["b"]["subtree_usage"] == by_id["b"]["usage"]
+    assert sessions[0]["usage"]["seconds"] == 1.0
