@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,16 @@ from typing import Any
 from .errors import ConfigError
 from .models.base import Usage
 
-__all__ = ["BUDGET_KINDS", "PRICES_ENV", "Budget", "BudgetError", "Price", "PriceTable", "Spend"]
+__all__ = [
+    "BUDGET_KINDS",
+    "PRICES_ENV",
+    "Budget",
+    "BudgetError",
+    "Meter",
+    "Price",
+    "PriceTable",
+    "Spend",
+]
 
 BUDGET_KINDS = ("tokens", "seconds", "model_calls", "cost")
 """The kinds of spend a budget may cap, in the order errors and reports name them."""
@@ -287,3 +296,96 @@ class PriceTable:
         """The table `A2A_PRICES` names; an empty one when it is unset."""
         path = environ.get(PRICES_ENV, "").strip()
         return cls.load(path) if path else cls({})
+
+
+class Meter:
+    """One child's spend against its budget, as its runtime keeps it.
+
+    `spent` is the child's whole life so far; `turn` the running turn's
+    (seeded, for a turn continued after a crash, with what it spent before);
+    `below` reads what the child's own children spent (their wall time runs
+    inside the child's own, so it is not added). A turn's `cap` (a role
+    server's per-caller limit) counts that turn only.
+    """
+
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        *,
+        price: Price | None = None,
+        spent: Spend | None = None,
+        turn: Spend | None = None,
+        below: Callable[[], Awaitable[Spend]] | None = None,
+        model: str = "",
+    ) -> None:
+        self.budget = budget if budget is not None and not budget.empty else None
+        if self.budget is not None and self.budget.cost is not None and price is None:
+            raise ConfigError(
+                f"a cost budget needs a price for model {model!r} in the price table ({PRICES_ENV})"
+            )
+        self.price = price
+        self.spent = spent or Spend()
+        self.turn = Spend()
+        self.cap: Budget | None = None
+        self._resumed = turn or Spend()
+        self._below = below
+
+    def start_turn(self, *, continued: bool, cap: Budget | None) -> None:
+        """A new turn (or, `continued`, the one a crash cut, with its spend)."""
+        self.turn = self._resumed if continued else Spend()
+        self._resumed = Spend()
+        self.cap = cap if cap is not None and not cap.empty else None
+
+    def add(self, spend: Spend) -> None:
+        self.turn = self.turn + spend
+        self.spent = self.spent + spend
+
+    def add_call(self, usage: Usage) -> Spend:
+        """Count one model call; its spend (with its cost, when priced)."""
+        step = Spend.of_call(usage, self.price.cost(usage) if self.price is not None else 0.0)
+        self.add(step)
+        return step
+
+    def seconds_left(self) -> float | None:
+        """The wall time left for this turn (None: no wall-time budget)."""
+        return self.budget.left(self.spent).seconds if self.budget is not None else None
+
+    async def total(self) -> Spend:
+        if self._below is None:
+            return self.spent
+        below = await self._below()
+        return self.spent + replace(below, seconds=0.0)
+
+    async def over(self, *, before_call: bool) -> str | None:
+        """The kind the next model call would pass (`before_call`), or the
+        last one passed; `cap:<kind>` for the turn's cap; None when within."""
+        if self.budget is not None:
+            total = await self.total()
+            kind = self.budget.used_up(total) if before_call else self.budget.passed(total)
+            if kind is not None:
+                return kind
+        if self.cap is not None:
+            check = self.cap.used_up if before_call else self.cap.passed
+            kind = check(self.turn)
+            if kind is not None:
+                return "cap:" + kind
+        return None
+
+    async def exhausted(self, kind: str) -> str:
+        """The message of a child stopped by `kind` (from `over`): the limit
+        and what was spent."""
+        if kind.startswith("cap:"):
+            kind = kind.removeprefix("cap:")
+            limit = getattr(self.cap, kind)
+            return (
+                f"budget exhausted: {kind} {self.turn.amount(kind):g} of the {limit:g} "
+                f"this caller may still use on this server today "
+                f"(this turn spent {self.turn.describe()})"
+            )
+        total = await self.total()
+        limit = getattr(self.budget, kind)
+        whose = "this child and its children" if self._below else "this child"
+        return (
+            f"budget exhausted: {kind} {total.amount(kind):g} of {limit:g} "
+            f"({whose} spent {total.describe()})"
+        )

@@ -57,8 +57,8 @@ from typing import Any
 
 import anyio
 
-from .budgets import Budget, Price, Spend
-from .errors import ConfigError, ModelError, ToolError
+from .budgets import Budget, Meter, Price, Spend
+from .errors import ModelError, ToolError
 from .events import (
     AssistantMessage,
     ChildEvent,
@@ -143,19 +143,10 @@ class Conversation:
             self.messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.usage = Usage()
         self._turn_usage = Usage()
-        self.budget = budget if budget is not None and not budget.empty else None
-        if self.budget is not None and self.budget.cost is not None and price is None:
-            raise ConfigError(
-                f"a cost budget needs a price for model {model.name!r} in the price table "
-                "(A2A_PRICES)"
-            )
-        self.price = price
-        self.spent = spent or Spend()
-        """Spent over the child's whole life, this turn included."""
-        self._resumed_turn = turn_spent or Spend()
-        self._turn_spend = Spend()
-        self._spent_below = spent_below
-        self._cap: Budget | None = None
+        self.meter = Meter(
+            budget, price=price, spent=spent, turn=turn_spent, below=spent_below, model=model.name
+        )
+        """The child's spend against its budget."""
         self._budget_deadline = False
         self._paused_time = 0.0
         self._turn_started = 0.0
@@ -210,6 +201,15 @@ class Conversation:
         pending = self.pending_question
         if pending is not None:
             self.messages.append({"role": "tool", "tool_call_id": pending, "content": answer})
+
+    @property
+    def budget(self) -> Budget | None:
+        return self.meter.budget
+
+    @property
+    def spent(self) -> Spend:
+        """Spent over the child's whole life, the running turn's model calls included."""
+        return self.meter.spent
 
     def spent_now(self) -> Spend:
         """`spent` with the running turn's time so far (paused time not counted)."""
@@ -286,15 +286,13 @@ class Conversation:
         self._running = True
         self._aborted = None
         self._accepting = True
-        self._cap = cap if cap is not None and not cap.empty else None
         # A turn continued after a crash (`text=None`) counts what it spent
         # before the crash; any other turn starts from nothing.
-        self._turn_spend = self._resumed_turn if text is None else Spend()
+        self.meter.start_turn(continued=text is None, cap=cap)
         self._turn_usage = Usage(
-            input_tokens=self._turn_spend.input_tokens,
-            output_tokens=self._turn_spend.output_tokens,
+            input_tokens=self.meter.turn.input_tokens,
+            output_tokens=self.meter.turn.output_tokens,
         )
-        self._resumed_turn = Spend()
         started_at = self._turn_started = anyio.current_time()
         self._paused_time = 0.0
         try:
@@ -313,7 +311,7 @@ class Conversation:
             await emit(Started(role=self.role, model=self.model.name))
             terminal: ChildEvent | None = None
             limit = self.timeout
-            left = self.budget.left(self.spent).seconds if self.budget is not None else None
+            left = self.meter.seconds_left()
             self._budget_deadline = left is not None and left < limit
             if left is not None:
                 limit = min(limit, left)
@@ -336,24 +334,25 @@ class Conversation:
                     self._accepting = False
             self._scope = None
             elapsed = max(anyio.current_time() - started_at - self._paused_time, 0.0)
-            self._turn_spend = self._turn_spend + Spend(seconds=elapsed)
-            self.spent = self.spent + Spend(seconds=elapsed)
+            self.meter.add(Spend(seconds=elapsed))
             if terminal is None:
                 if self._aborted is not None:
                     reason, message = self._aborted
                     terminal = Failed(reason=reason, message=message)
                 elif self._budget_deadline:
-                    terminal = await self._budget_failure("seconds")
+                    terminal = Failed(
+                        reason="budget", message=await self.meter.exhausted("seconds")
+                    )
                 else:
                     terminal = Failed(
                         reason="timeout", message=f"timed out after {self.timeout:g} s"
                     )
             if isinstance(terminal, Done | Failed):
                 terminal = dataclasses.replace(
-                    terminal, usage=self._turn_usage, spent=self._turn_spend
+                    terminal, usage=self._turn_usage, spent=self.meter.turn
                 )
             elif isinstance(terminal, InputRequired):
-                terminal = dataclasses.replace(terminal, spent=self._turn_spend)
+                terminal = dataclasses.replace(terminal, spent=self.meter.turn)
             await emit(terminal)
             return terminal
         finally:
@@ -409,64 +408,13 @@ class Conversation:
         self._steering.clear()
         self._results.clear()
 
-    async def _total(self) -> Spend:
-        """The child's spend with its children's (their wall time runs inside
-        its own, so it is not added)."""
-        if self._spent_below is None:
-            return self.spent
-        below = await self._spent_below()
-        return self.spent + dataclasses.replace(below, seconds=0.0)
-
-    async def _over_budget(self, *, before_call: bool) -> str | None:
-        """The kind of budget the next model call would pass (`before_call`)
-        or the last one passed; None when within every limit."""
-        if self.budget is not None:
-            total = await self._total()
-            kind = self.budget.used_up(total) if before_call else self.budget.passed(total)
-            if kind is not None:
-                return kind
-        if self._cap is not None:
-            check = self._cap.used_up if before_call else self._cap.passed
-            kind = check(self._turn_spend)
-            if kind is not None:
-                return "cap:" + kind
-        return None
-
-    async def _budget_failure(self, kind: str) -> Failed:
-        if kind.startswith("cap:"):
-            kind = kind[4:]
-            assert self._cap is not None
-            limit = getattr(self._cap, kind)
-            message = (
-                f"budget exhausted: {kind} {self._turn_spend.amount(kind):g} of the "
-                f"{limit:g} this caller may still use on this server today "
-                f"(this turn spent {self._turn_spend.describe()})"
-            )
-            return Failed(reason="budget", message=message)
-        assert self.budget is not None
-        total = await self._total()
-        limit = getattr(self.budget, kind)
-        whose = "this child and its children" if self._spent_below else "this child"
-        message = (
-            f"budget exhausted: {kind} {total.amount(kind):g} of {limit:g} "
-            f"({whose} spent {total.describe()})"
-        )
-        return Failed(reason="budget", message=message)
-
-    def _add_call(self, usage: Usage) -> Spend:
-        cost = self.price.cost(usage) if self.price is not None else 0.0
-        step = Spend.of_call(usage, cost)
-        self._turn_spend = self._turn_spend + step
-        self.spent = self.spent + step
-        return step
-
     async def _loop(self, emit: Emit) -> ChildEvent:
         carry: Spend | None = None
         for step in range(self.max_turns):
             await self._checkpoint(self._scope)
-            over = await self._over_budget(before_call=True)
+            over = await self.meter.over(before_call=True)
             if over is not None:
-                return await self._budget_failure(over)
+                return Failed(reason="budget", message=await self.meter.exhausted(over))
             if step > 0:
                 self._absorb()
             if step + 1 == self.max_turns:
@@ -496,14 +444,14 @@ class Conversation:
                     self._turn_usage = self._turn_usage + item
                     self.usage = self.usage + item
                     call_usage = call_usage + item
-            spent = self._add_call(call_usage)
+            spent = self.meter.add_call(call_usage)
             # Carried to the next step's first event when this one emits
             # none (an empty answer the turn goes on from).
             carry = spent if carry is None else carry + spent
             if unsent:
                 await emit(MessageDelta(text="".join(unsent)))
             text = "".join(parts)
-            over = await self._over_budget(before_call=False)
+            over = await self.meter.over(before_call=False)
             if over is not None:
                 # This call passed the budget: its answer is kept, its tool
                 # calls are not run (nor left unanswered in the transcript).
@@ -511,7 +459,7 @@ class Conversation:
                 self.messages.append({"role": "assistant", "content": text})
                 if text:
                     await emit(AssistantMessage(text=text, spent=carry))
-                return await self._budget_failure(over)
+                return Failed(reason="budget", message=await self.meter.exhausted(over))
             self.messages.append(_assistant_message(text, calls))
             if text:
                 await emit(AssistantMessage(text=text, spent=carry))
