@@ -6,6 +6,9 @@ over A2A JSON-RPC with SSE streaming, each child in an isolated context.
 
 from ._version import __version__ as __version__
 from .access import Access as Access
+from .budgets import Budget as Budget
+from .budgets import PriceTable as PriceTable
+from .budgets import Spend as Spend
 from .callers import CallerFile as CallerFile
 from .callers import Limits as Limits
 from .control import ControlPlane as ControlPlane
@@ -52,6 +55,10 @@ from .pipeline import Pipeline as Pipeline
 from .pipeline import PipelineError as PipelineError
 from .pipeline import PipelineResult as PipelineResult
 from .pipeline import TaskSpec as TaskSpec
+from .policy import Narrow as Narrow
+from .policy import SpawnPolicy as SpawnPolicy
+from .policy import SpawnRequest as SpawnRequest
+from .policy import load_policy_file as load_policy_file
 from .reactions import Reactions as Reactions
 from .reactions import load_reactions as load_reactions
 from .roles import Role as Role
@@ -76,6 +83,7 @@ __all__ = [
     "AgentUnavailableError",
     "AssistantMessage",
     "Brief",
+    "Budget",
     "CallerFile",
     "ChildConfig",
     "ChildEvent",
@@ -98,6 +106,7 @@ __all__ = [
     "Model",
     "ModelError",
     "ModelSettings",
+    "Narrow",
     "Network",
     "OpenAIModel",
     "OrchestratorError",
@@ -107,6 +116,7 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "PipelineResult",
+    "PriceTable",
     "ProtocolError",
     "Reactions",
     "RelayedEvent",
@@ -116,6 +126,9 @@ __all__ = [
     "RoleNotFoundError",
     "ScriptedModel",
     "Session",
+    "SpawnPolicy",
+    "SpawnRequest",
+    "Spend",
     "Started",
     "Store",
     "Supervisor",
@@ -131,6 +144,7 @@ __all__ = [
     "build_tools",
     "find_role",
     "list_roles",
+    "load_policy_file",
     "load_reactions",
     "resolve_model",
     "run_role_server",

@@ -1,8 +1,10 @@
 """The orchestrator's HTTP control API (JSON), beside its A2A endpoint.
 
     POST /api/sessions/{id}/subagents/stop   -> {"stopped": n}   cascading stop
-    GET  /api/sessions                       -> {"sessions": [...]}
-    GET  /api/sessions/{id}/children         -> {"children": [...]}
+    GET  /api/sessions                       -> {"sessions": [...]}   each with its `usage`
+    GET  /api/sessions/{id}/children         -> {"children": [...]}   each with `usage`
+                                                (its own) and `subtree_usage`
+    GET  /api/sessions/{id}/usage            -> {"usage": {...}, "children": {id: {...}}}
     GET  /api/sessions/{id}/events?after=&limit=&child=
                                              -> {"events": [...], "next": seq}
 
@@ -26,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from .budgets import Spend
 from .control import ControlPlane
 from .middleware import owner_of
 from .store import Store
@@ -74,6 +77,8 @@ def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -
     async def list_sessions(request: Request) -> JSONResponse:
         owner = owner_of(request)
         sessions = [s for s in await store.list_sessions() if owns(s, owner)]
+        for session in sessions:
+            session["usage"] = (await store.session_usage(session["id"])).as_dict()
         return JSONResponse({"sessions": sessions})
 
     async def stop(request: Request) -> JSONResponse:
@@ -91,7 +96,28 @@ def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -
         if not await visible(request, session_id):
             return _not_found(session_id)
         records = await store.list_children(session_id=session_id)
-        return JSONResponse({"children": [asdict(r) for r in records]})
+        own = await store.child_usage(session_id)
+        subtree = await store.subtree_usage(session_id)
+        rows = [
+            {
+                **asdict(r),
+                "usage": own.get(r.child_id, Spend()).as_dict(),
+                "subtree_usage": subtree.get(r.child_id, Spend()).as_dict(),
+            }
+            for r in records
+        ]
+        return JSONResponse({"children": rows})
+
+    async def usage(request: Request) -> JSONResponse:
+        session_id = request.path_params["session_id"]
+        if not await visible(request, session_id):
+            return _not_found(session_id)
+        subtree = await store.subtree_usage(session_id)
+        body = {
+            "usage": (await store.session_usage(session_id)).as_dict(),
+            "children": {child_id: spend.as_dict() for child_id, spend in subtree.items()},
+        }
+        return JSONResponse(body)
 
     async def events(request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
@@ -116,4 +142,5 @@ def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -
         Route("/api/sessions/{session_id}/subagents/stop", stop, methods=["POST"]),
         Route("/api/sessions/{session_id}/children", children, methods=["GET"]),
         Route("/api/sessions/{session_id}/events", events, methods=["GET"]),
+        Route("/api/sessions/{session_id}/usage", usage, methods=["GET"]),
     ]

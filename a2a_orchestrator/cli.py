@@ -167,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a task through the network in this process",
         description="Run TASK with the architect -> coder -> reviewer pipeline (default) or a "
         "parent agent, showing the network live; the exit code is the task's signal "
-        "(TASK_DONE 0, TASK_FAILED 1, TASK_SKIPPED 3). Hooks and reactions are read from "
-        ".a2a/hooks.toml and .a2a/reactions.toml in the work directory.",
+        "(TASK_DONE 0, TASK_FAILED 1, TASK_SKIPPED 3). Hooks, the spawn policy and "
+        "reactions are read from .a2a/hooks.toml, .a2a/policy.toml and .a2a/reactions.toml "
+        "in the work directory.",
     )
     run.add_argument("task", metavar="TASK", help="what to do")
     run.add_argument("--workdir", type=Path, default=Path("."), help="the project directory")
@@ -187,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--review-rounds", type=_count, default=1, help="reviews before giving up (at least 1)"
     )
     run.add_argument("--hooks", type=Path, default=None, help="hook file (default .a2a/hooks.toml)")
+    run.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="spawn policy file (default .a2a/policy.toml)",
+    )
     _store_option(run)
     _sandbox_options(run)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
+from .budgets import Spend
 from .callers import add_caller
 from .control import ControlPlane
 from .delegation import CANCELED_TEXT, ChildConfig
@@ -45,6 +46,7 @@ from .pipeline import (
     TaskSpec,
     extract_signal,
 )
+from .policy import SpawnPolicy, load_policy_file
 from .reactions import Reaction, Reactions, load_reactions
 from .roles import find_role
 from .runner import Liveness, liveness, stop_signal_listener
@@ -106,6 +108,14 @@ def _settings_and_models() -> tuple[ModelSettings, Any]:
 def _model_notice(settings: ModelSettings) -> None:
     if settings.offline:
         say(f"model: scripted (offline) - no model endpoint is configured; {MODEL_HINT}")
+
+
+def _policy(path: Path | None, config_dir: Path) -> SpawnPolicy | None:
+    """The spawn policy: `--policy FILE`, else `policy.toml` beside the hooks."""
+    candidate = path or config_dir / "policy.toml"
+    if path is not None or candidate.exists():
+        return load_policy_file(candidate, SpawnPolicy(cwd=config_dir.parent))
+    return None
 
 
 def _hooks(path: Path | None, config_dir: Path) -> Hooks:
@@ -243,6 +253,7 @@ async def _run(args: argparse.Namespace) -> int:
     else:
         _check_agents(Network.load(), list(PIPELINE_PASSES), settings)
     hooks = _hooks(args.hooks, workdir / ".a2a")
+    policy = _policy(args.policy, workdir / ".a2a")
     rules = _reaction_rules(workdir / ".a2a")
     _model_notice(settings)
     sandbox = sandbox_of(args)
@@ -254,6 +265,7 @@ async def _run(args: argparse.Namespace) -> int:
         session_id=args.session,
         title=args.task,
         sandbox=sandbox,
+        policy=policy,
     ) as session:
         # `resume` finds the work directory here when it is not given one.
         await store.set_session_metadata(session.id, "workdir", str(workdir))
@@ -317,6 +329,7 @@ async def _follow_pipeline(
     if not tree.live:
         tree.draw()
     say(f"\nsignal: {result.signal}   artifacts: {workdir / result.artifact_dir}")
+    say(f"usage: {result.total.describe()}")
     return EXIT_CODES[result.signal]
 
 
@@ -404,6 +417,7 @@ async def _serve(args: argparse.Namespace) -> int:
             # can write: in a container the store lives on a private volume.
             hooks=_hooks(None, store_path.parent),
             reactions=_reaction_rules(store_path.parent),
+            policy=_policy(None, store_path.parent),
             **common,
         )
         name = "orchestrator"
@@ -540,9 +554,11 @@ async def _status(args: argparse.Namespace) -> int:
         ran = f"{_runner_name(runner)}: {liveness(runner)}" if runner else "-"
         title = " ".join(session["title"].split())
         title = title if len(title) <= 50 else title[:49] + "…"
-        rows.append((session["id"], started, _signal_of(session["metadata"]), states, ran, title))
+        spent = _usage_cell(await store.session_usage(session["id"]))
+        signal = _signal_of(session["metadata"])
+        rows.append((session["id"], started, signal, states, spent, ran, title))
     store.close()
-    header = ("SESSION", "STARTED", "SIGNAL", "CHILDREN", "RUNNER", "TITLE")
+    header = ("SESSION", "STARTED", "SIGNAL", "CHILDREN", "USAGE", "RUNNER", "TITLE")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
@@ -550,16 +566,29 @@ async def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _usage_cell(spent: Spend) -> str:
+    """A spend in a table cell: tokens, and the cost when there is one."""
+    return f"{spent.tokens}tok" + (f"/{spent.cost:.4f}" if spent.cost else "")
+
+
 async def _children(args: argparse.Namespace) -> int:
     store = _existing_store(args.store)
     try:
         session_id = await session_id_of(store, args.session, args.store)
+        own = await store.child_usage(session_id)
+        subtree = await store.subtree_usage(session_id)
         for record in await store.list_children(session_id=session_id):
             where = record.url or "in-process"
             detail = f" ({record.reason})" if record.reason else ""
+            mine = own.get(record.child_id, Spend())
+            below = subtree.get(record.child_id, mine)
+            # A parent's line also says what its whole subtree spent.
+            spent = _usage_cell(mine) + (
+                f" (subtree {_usage_cell(below)})" if below != mine else ""
+            )
             say(
                 f"{record.child_id}  {record.agent or record.role:<12} {record.status}"
-                f"{detail:<12} {where}  {' '.join(record.result.split())[:60]}"
+                f"{detail:<12} {where}  {spent}  {' '.join(record.result.split())[:60]}"
             )
     finally:
         store.close()
@@ -770,10 +799,16 @@ async def _resume(args: argparse.Namespace) -> int:
         # A pipeline to continue: its passes' configuration is checked first, as for `run`.
         _check_agents(Network.load(), list(PIPELINE_PASSES), settings)
     hooks = _hooks(None, workdir / ".a2a")
+    policy = _policy(None, workdir / ".a2a")
     rules = _reaction_rules(workdir / ".a2a")
     sandbox = sandbox_of(args)
     async with Session(
-        store, workdir=workdir, models=models, session_id=session_id, sandbox=sandbox
+        store,
+        workdir=workdir,
+        models=models,
+        session_id=session_id,
+        sandbox=sandbox,
+        policy=policy,
     ) as session:
         pipeline = await Pipeline.restore(session)
         if pipeline is not None:

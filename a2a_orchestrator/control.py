@@ -15,7 +15,9 @@ works the same on local and remote children:
 - `agent_abort([...])`, `stop_children()` (cascading, returns the count):
   stops are final. An aborted child, running or idle, refuses messages until
   `resume(child_id)`; agent_manage reports it `done`.
-- A concurrency gate per parent and hooks (spawn.before may deny).
+- A concurrency gate per parent and hooks (spawn.before may deny, and sees
+  the config as asked); then the session's spawn policy narrows or denies
+  (`policy.py`), and what is left of the parent's budget caps the child's.
 - A model name a parent chooses (`spawn_agent`/`agent`'s `model`) is one the
   operator offers (`default`, `mini`, the role's `models`, `$A2A_MODELS`),
   never a model script; `Session.spawn` (the operator's own code) is not
@@ -26,7 +28,8 @@ the model reads; the parent's turn goes on. Only cancellation propagates.
 
 Delivery contract (TS seed: "transcript first, then mailbox"): when a child's
 turn ends done or failed, its result is already stored with the child; the
-rendered FINAL_ANSWER is appended to the parent's transcript in the store,
+rendered FINAL_ANSWER (with the child's subtree usage so far) is appended
+to the parent's transcript in the store,
 then offered to the parent's inbox (de-duplicated by uuid there), then marked
 delivered, which is what `wait_agent` waits for; the `complete` hook runs last.
 """
@@ -543,7 +546,10 @@ class ControlPlane:
 
     async def _deliver(self, handle: ChildHandle, event: Done | Failed) -> None:
         status, payload = normalise(event)
-        text = render_final_answer(self.task_name, handle.child_id, payload)
+        # The child's turn is stored by now (the store before anyone is
+        # told), so its subtree total includes this turn.
+        usage = (await self.session.store.subtree_usage(self.session.id)).get(handle.child_id)
+        text = render_final_answer(self.task_name, handle.child_id, payload, usage)
         # Named after the result it carries: delivering the same result again
         # (another plane, a restart) is recognised by the store and the inbox.
         uuid = uuidlib.uuid5(_DELIVERY, event.uuid).hex

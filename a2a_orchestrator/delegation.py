@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeAlias
 import anyio
 from anyio.abc import TaskGroup
 
+from .budgets import Budget
 from .errors import ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from .models.base import ChatMessage
@@ -124,6 +125,16 @@ class ChildConfig:
     role server's, since a caller over A2A may lower that limit, never lift it."""
     shared_context: tuple[ChatMessage, ...] = ()
     """Messages the child starts with. Empty: an isolated context (the default)."""
+    budget: Budget | None = None
+    """What the child and its own children may spend, over its whole life
+    (`budgets.py`); it only narrows the role's, and is capped by what is left
+    of the parent's. None: the role's (and the parent's remainder)."""
+    network: bool | None = None
+    """False: the child's commands get no network. Only ever narrows: True
+    is refused (the network is the operator's to allow)."""
+    workdir: str | None = None
+    """A subdirectory of the session's work directory the child is confined
+    to (relative, existing); in-process children only."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Free-form, stored with the child."""
 
@@ -147,6 +158,11 @@ class ChildConfig:
         # No limit is not sent: a role server refuses to have its own lifted.
         if self.timeout is not None and not self.unlimited:
             data["timeout"] = self.timeout
+        if self.budget is not None:
+            budget = self.budget
+            data["budget"] = budget.as_dict() if isinstance(budget, Budget) else budget
+        if self.network is not None:
+            data["network"] = self.network
         if self.shared_context:
             context = self.shared_context
             data["shared_context"] = (
@@ -166,6 +182,8 @@ class ChildConfig:
         data = dataclasses.asdict(self)
         data["tools"] = list(self.tools) if self.tools is not None else None
         data["shared_context"] = [dict(m) for m in self.shared_context]
+        if isinstance(self.budget, Budget):
+            data["budget"] = self.budget.as_dict()
         return data
 
     @classmethod
@@ -174,6 +192,8 @@ class ChildConfig:
         if data.get("tools") is not None:
             data["tools"] = tuple(data["tools"])
         data["shared_context"] = tuple(data.get("shared_context") or ())
+        if isinstance(data.get("budget"), dict):
+            data["budget"] = Budget.from_dict(data["budget"])
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 

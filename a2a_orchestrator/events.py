@@ -12,6 +12,7 @@ import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from .budgets import Spend
 from .models.base import Usage
 
 __all__ = [
@@ -45,7 +46,11 @@ def _uuid() -> Any:
     return field(default_factory=new_uuid, compare=False)
 
 
-FailReason: TypeAlias = Literal["error", "max_turns", "aborted", "timeout", "lost"]
+FailReason: TypeAlias = Literal["error", "max_turns", "aborted", "timeout", "lost", "budget"]
+
+# Spend fields are `compare=False`: not part of an event's value (two events
+# that say the same thing are equal whatever they cost), though stored with
+# it, so a crash loses no spend.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +81,9 @@ class AssistantMessage:
     kind: Literal["message"] = "message"
     uuid: str = _uuid()
     text: str
+    spent: Spend | None = field(default=None, compare=False)
+    """The model call's spend, on the first event of each step (in-process:
+    stored with the event, so a turn a crash cut keeps what it spent)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +95,8 @@ class ToolCalled:
     call_id: str
     tool: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    spent: Spend | None = field(default=None, compare=False)
+    """The model call's spend, on a step's first event (see `AssistantMessage`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +118,8 @@ class InputRequired:
     kind: Literal["input_required"] = "input_required"
     uuid: str = _uuid()
     question: str
+    spent: Spend = field(default_factory=Spend, compare=False)
+    """The turn's spend (the turn ends here, waiting for the answer)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +130,8 @@ class Done:
     uuid: str = _uuid()
     text: str
     usage: Usage = field(default_factory=Usage)
+    spent: Spend = field(default_factory=Spend, compare=False)
+    """The turn's spend: tokens, model calls, wall time, cost."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +143,9 @@ class Failed:
     reason: FailReason
     message: str
     usage: Usage = field(default_factory=Usage)
+    spent: Spend = field(default_factory=Spend, compare=False)
+    """The turn's spend; with reason `budget`, the message says the child's
+    whole spend against its budget."""
 
 
 ChildEvent: TypeAlias = (
@@ -183,4 +200,6 @@ def event_from_dict(data: dict[str, Any]) -> ChildEvent:
             input_tokens=int(fields["usage"].get("input_tokens", 0)),
             output_tokens=int(fields["usage"].get("output_tokens", 0)),
         )
+    if isinstance(fields.get("spent"), dict):
+        fields["spent"] = Spend.from_dict(fields["spent"])
     return cls(**fields)

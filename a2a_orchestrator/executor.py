@@ -16,10 +16,19 @@ that drops the rule releases it, and nobody deciding within `HOLD_LIMIT`
 seconds releases it too. Rules live as long as the task's running turn.
 
 A child's configuration (system prompt, a subset of the role's tools, model,
-limits, an explicitly shared context) travels in the first message's
+limits, a budget, the network turned off, an explicitly shared context)
+travels in the first message's
 metadata under `CONFIG_KEY`. The request handler refuses a bad one before a
 task exists (`check_config`); `apply_child_config` applies a good one here
 and in the local transport alike.
+
+Budgets: a context's conversation gets the role's budget narrowed by the
+caller's (`overrides.py` refuses a wider one) and is stopped by the same
+runtime code as an in-process child; what it spent before is read back from
+its stored tasks when it is rebuilt. Each turn of a conversation kept to a
+budget is also capped by the caller's own limit on this server
+(`tokens_left`: what its `tokens_per_day` leaves today), so a budget never
+reaches past the operator's per-caller limits.
 
 Memory contract: the conversations held here are bounded by the size of
 their messages (`max_memory` bytes, about one byte a character) and by
@@ -32,8 +41,9 @@ rebuilt from its context's stored tasks when its caller comes back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -45,9 +55,10 @@ from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict
 
+from .budgets import Budget, PriceTable, Spend
 from .delegation import INTERRUPTED_TEXT
 from .errors import ConfigError, ControlError
-from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, ToolCalled
+from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired, ToolCalled
 from .journal import CallJournal, JournalRow, ToolJournal
 from .models.base import ChatMessage, Model
 from .models.config import limit_model
@@ -68,6 +79,7 @@ __all__ = [
     "apply_child_config",
     "conversation_size",
     "role_conversation",
+    "spent_in",
 ]
 
 logger = logging.getLogger(__name__)
@@ -138,13 +150,20 @@ def role_conversation(
     command_timeout: float | None = None,
     journal: CallJournal | None = None,
     sandbox: Sandbox | None = None,
+    prices: PriceTable | None = None,
+    spent: Spend | None = None,
+    turn_spent: Spend | None = None,
+    spent_below: Callable[[], Awaitable[Spend]] | None = None,
 ) -> Conversation:
-    """A conversation with exactly the tools the role lists.
+    """A conversation with exactly the tools the role lists, within the role's budget.
 
     `sandbox` is the operator's policy for `run_command` (default:
     `Sandbox.from_env()`), with the network allowed too when the role file
-    says `sandbox_network: true`. Raises `ConfigError` when the role lists
-    `run_command` and that sandbox cannot be had on this machine.
+    says `sandbox_network: true`, and never when the child's config turned it
+    off (`Role.no_network`). Raises `ConfigError` when the role lists
+    `run_command` and that sandbox cannot be had on this machine, or when it
+    has a cost budget and `prices` has no price for its model. `spent`,
+    `turn_spent` and `spent_below` go to the `Conversation`.
     """
     extra = dict(extra_tools or {})
     unknown = [
@@ -166,6 +185,8 @@ def role_conversation(
         policy = (sandbox if sandbox is not None else Sandbox.from_env()).allowing_network(
             role.sandbox_network
         )
+        if role.no_network:
+            policy = dataclasses.replace(policy, network=False)
     tools = build_tools(
         [name for name in role.tools if name in TOOL_NAMES],
         workspace,
@@ -173,6 +194,7 @@ def role_conversation(
         sandbox=policy,
     )
     tools += [extra[name] for name in role.tools if name in extra]
+    price = prices.price(model.name) if prices is not None else None
     return Conversation(
         # The role file's model_timeout / model_retries, where it sets them.
         model=limit_model(model, timeout=role.model_timeout, retries=role.model_retries),
@@ -184,6 +206,11 @@ def role_conversation(
         role=role.name,
         messages=messages,
         journal=journal,
+        budget=role.budget,
+        price=price,
+        spent=spent,
+        turn_spent=turn_spent,
+        spent_below=spent_below,
     )
 
 
@@ -206,6 +233,23 @@ def _restore_lost_calls(
             entries[-1:-1] = restored
             return
     per_task[-1].extend(restored)
+
+
+def spent_in(entries: Sequence[str | ChildEvent]) -> tuple[Spend, Spend]:
+    """What a child's stored transcript says it spent: (its finished turns',
+    the turn in progress at its end). A finished turn's spend is on the event
+    that ended it; a turn a crash cut has only its steps' spend."""
+    finished = Spend()
+    running = Spend()
+    for entry in entries:
+        if isinstance(entry, Done | Failed | InputRequired):
+            finished = finished + entry.spent
+            running = Spend()
+        elif not isinstance(entry, str):
+            step = getattr(entry, "spent", None)
+            if step is not None:
+                running = running + step
+    return finished, running
 
 
 def _metadata(message: Message | None) -> dict[str, Any]:
@@ -238,8 +282,13 @@ class RoleExecutor(AgentExecutor):
         max_memory: int = DEFAULT_MAX_MEMORY,
         journal: ToolJournal | None = None,
         sandbox: Sandbox | None = None,
+        prices: PriceTable | None = None,
+        tokens_left: Callable[[ServerCallContext], Awaitable[int | None]] | None = None,
     ) -> None:
-        """`models` resolves a model name a caller picks (None: callers get
+        """`prices` is the operator's price table (cost budgets need the
+        model's price); `tokens_left` says how many tokens a request's caller
+        may still use here today (None: no limit), which caps each turn.
+        `models` resolves a model name a caller picks (None: callers get
         `model` only); callers may pick `default`, `mini`, the role's
         `models` and `model_names`. `max_memory` bounds the conversations
         held in memory (bytes). `journal` records each tool call's start
@@ -255,13 +304,17 @@ class RoleExecutor(AgentExecutor):
         self.max_memory = max_memory
         self._models = models
         self.sandbox = sandbox
+        self.prices = prices
+        self.tokens_left = tokens_left
+        """How many tokens a request's caller may still use today (the
+        server's quotas set it); None: no per-caller cap."""
         # Checked at start-up: a script in the operator's list is refused here.
         offered = offered_models(role, model_names)
         self.model_names: frozenset[str] = offered if models is not None else frozenset()
         """The model names a caller may choose (empty: none, the server's model only)."""
         # Fail at start-up, not at the first request, on a bad tool list or
         # a sandbox this machine cannot provide.
-        role_conversation(role, model, workspace, sandbox=sandbox)
+        role_conversation(role, model, workspace, sandbox=sandbox, prices=prices)
         self._conversations: dict[str, Conversation] = {}
         self._sizes: dict[str, int] = {}
         """Context id -> `conversation_size` measured when its last turn ended."""
@@ -294,7 +347,18 @@ class RoleExecutor(AgentExecutor):
     def check_config(self, data: object) -> Overrides:
         """A caller's child configuration, narrowed to what this server allows
         (`check_wire_overrides`); `ConfigError` names the field."""
-        return check_wire_overrides(data, self.role, self.model_names)
+        overrides = check_wire_overrides(data, self.role, self.model_names)
+        budget = overrides.budget
+        if budget is not None and budget.cost is not None:
+            model = self.model
+            if overrides.model is not None and self._models is not None:
+                model = self._models(overrides.model)
+            if self.prices is None or self.prices.price(model.name) is None:
+                raise ConfigError(
+                    "child config field 'budget.cost': this server has no price for its "
+                    f"model {model.name!r}, so it cannot keep a cost budget"
+                )
+        return overrides
 
     @property
     def held_bytes(self) -> int:
@@ -368,8 +432,9 @@ class RoleExecutor(AgentExecutor):
         self._context_of[task_id] = context_id
         text = get_message_text(context.message) if context.message else ""
         ended = self._turn_ended[task_id] = anyio.Event()
+        cap = await self._cap(context, conversation)
         try:
-            terminal = await conversation.run(text, emit)
+            terminal = await conversation.run(text, emit, cap=cap)
         finally:
             ended.set()
             if self._turn_ended.get(task_id) is ended:
@@ -384,6 +449,17 @@ class RoleExecutor(AgentExecutor):
         if self._conversations.get(context_id) is conversation:
             self._sizes[context_id] = conversation_size(conversation)
         self._evict()
+
+    async def _cap(self, context: RequestContext, conversation: Conversation) -> Budget | None:
+        """This turn's cap, for a conversation kept to a budget: what the
+        caller's `tokens_per_day` leaves today. (Without a budget, the quota
+        alone applies: a turn that crosses it finishes, the next is refused.)"""
+        if self.tokens_left is None or context.call_context is None:
+            return None
+        if conversation.budget is None:
+            return None
+        left = await self.tokens_left(context.call_context)
+        return None if left is None else Budget(tokens=max(left, 0))
 
     def _busy(self, context_id: str, task_id: str, conversation: Conversation) -> str:
         """Why this context cannot take a turn for `task_id` now ("" if it can)."""
@@ -442,6 +518,9 @@ class RoleExecutor(AgentExecutor):
         messages = rebuild_transcript(
             role.prompt, entries, shared_context=overrides.shared_context, interrupted=interrupted
         )
+        # A budget covers the child's whole life: a rebuilt conversation
+        # starts from what its earlier turns spent.
+        spent, _ = spent_in(entries)
         return role_conversation(
             role,
             model,
@@ -449,6 +528,8 @@ class RoleExecutor(AgentExecutor):
             messages=messages,
             journal=journal.scoped(task.context_id) if journal else None,
             sandbox=self.sandbox,
+            prices=self.prices,
+            spent=spent,
         )
 
     async def _earlier_tasks(

@@ -53,6 +53,7 @@ from .models.base import Model
 from .network import Network
 from .parent import ParentAgent
 from .pipeline import Brief, Pipeline, PipelineError, TaskSpec
+from .policy import SpawnPolicy
 from .reactions import Reaction, Reactions
 from .server import (
     RunningServer,
@@ -209,7 +210,9 @@ class OrchestratorExecutor(AgentExecutor):
         max_concurrent: int = 4,
         lost_after: float = 30.0,
         sandbox: Sandbox | None = None,
+        policy: SpawnPolicy | None = None,
     ) -> None:
+        """`policy`: the spawn policy of every session's children."""
         self.store = store
         self.reactions = list(reactions)
         self.network = network
@@ -233,6 +236,7 @@ class OrchestratorExecutor(AgentExecutor):
                 parent_model=parent_model,
                 lost_after=lost_after,
                 sandbox=sandbox,
+                policy=policy,
             ),
             self._session_closed,
         )
@@ -437,6 +441,7 @@ async def run_orchestrator_server(
     hooks: Hooks | None = None,
     reactions: Sequence[Reaction] = (),
     sandbox: Sandbox | None = None,
+    policy: SpawnPolicy | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
@@ -467,6 +472,7 @@ async def run_orchestrator_server(
         hooks=hooks,
         reactions=reactions,
         sandbox=sandbox,
+        policy=policy,
     )
     if access is None and token:
         access = Access(token=token)

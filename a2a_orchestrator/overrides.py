@@ -8,8 +8,9 @@ kinds of caller, and the two are trusted differently:
   files and model settings allow (a model script, bigger limits).
 - A caller over A2A (the first message's metadata under `wire.CONFIG_KEY`).
   `check_wire_overrides` checks the same types, then narrows: limits only
-  shrink, tools are a subset of the role's, and the model is one of the names
-  the operator offers (`offered_models`). A model script or a file path is
+  shrink, tools are a subset of the role's, a budget is no wider than the
+  role's, the network can only be turned off, and the model is one of the
+  names the operator offers (`offered_models`). A model script or a file path is
   never taken from the wire, so no caller can make the server read a file.
 
 Every problem is a `ConfigError` whose message names the field and never
@@ -18,11 +19,13 @@ repeats more than a short piece of the offending value.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .budgets import Budget, BudgetError
 from .errors import ConfigError
 from .models.base import ChatMessage
 from .roles import Role
@@ -36,7 +39,16 @@ __all__ = [
     "parse_overrides",
 ]
 
-OVERRIDE_FIELDS = ("system_prompt", "tools", "model", "max_turns", "timeout", "shared_context")
+OVERRIDE_FIELDS = (
+    "system_prompt",
+    "tools",
+    "model",
+    "max_turns",
+    "timeout",
+    "shared_context",
+    "budget",
+    "network",
+)
 """The fields a child's configuration may carry (`ChildConfig.overrides()`)."""
 
 BUILTIN_MODELS = ("default", "mini")
@@ -65,9 +77,14 @@ class Overrides:
     """Seconds per turn."""
     shared_context: tuple[ChatMessage, ...] = ()
     """Messages the child starts with."""
+    budget: Budget | None = None
+    """Narrows the role's budget (the smaller limit of each kind)."""
+    network: bool | None = None
+    """False turns the network off for the child's commands; never True."""
 
     def apply(self, role: Role) -> Role:
-        """The role with these changes; a child may narrow the role's tools, never widen them."""
+        """The role with these changes; a child may narrow the role's tools,
+        budget and network, never widen them."""
         if self.tools is not None:
             extra = [t for t in self.tools if t not in role.tools]
             if extra:
@@ -75,12 +92,18 @@ class Overrides:
                     f"child config field 'tools': role {role.name!r} has no tools {extra}; "
                     f"its tools: {', '.join(role.tools)}"
                 )
-        return role.with_overrides(
+        role = role.with_overrides(
             prompt=self.system_prompt,
             tools=self.tools,
             max_turns=self.max_turns,
             timeout=self.timeout,
         )
+        if self.budget is not None:
+            base = role.budget or Budget()
+            role = dataclasses.replace(role, budget=base.narrow(self.budget))
+        if self.network is False:
+            role = dataclasses.replace(role, no_network=True, sandbox_network=False)
+        return role
 
 
 def _short(value: object) -> str:
@@ -165,6 +188,27 @@ def _shared_context(data: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
     return tuple(messages)
 
 
+def _budget(data: Mapping[str, Any]) -> Budget | None:
+    value = data.get("budget")
+    if value is None:
+        return None
+    try:
+        return Budget.from_dict(value)
+    except BudgetError as exc:
+        raise _fail(exc.field, exc.problem) from exc
+
+
+def _network(data: Mapping[str, Any]) -> bool | None:
+    value = data.get("network")
+    if value is None or value is False:
+        return value
+    if value is True:
+        # The sandbox's network is the operator's to allow; a child (or a
+        # policy) may only give it up.
+        raise _fail("network", "can only be false: a child's network can be turned off, never on")
+    raise _fail("network", f"must be false, got {_kind(value)}")
+
+
 def parse_overrides(data: object) -> Overrides:
     """Check a child configuration's fields and types; `ConfigError` names the field."""
     if data is None:
@@ -183,6 +227,8 @@ def parse_overrides(data: object) -> Overrides:
         max_turns=_max_turns(data),
         timeout=_timeout(data),
         shared_context=_shared_context(data),
+        budget=_budget(data),
+        network=_network(data),
     )
 
 
@@ -230,6 +276,13 @@ def check_wire_overrides(data: object, role: Role, models: Collection[str]) -> O
             "timeout",
             f"{overrides.timeout:g} s is over role {role.name!r}'s maximum of {role.timeout:g} s",
         )
+    if overrides.budget is not None and role.budget is not None:
+        for kind in overrides.budget.wider_than(role.budget):
+            raise _fail(
+                f"budget.{kind}",
+                f"{getattr(overrides.budget, kind)} is over role {role.name!r}'s maximum "
+                f"of {getattr(role.budget, kind):g}",
+            )
     if overrides.model is not None and overrides.model not in models:
         if not models:
             raise _fail("model", "this role server does not let callers choose a model")

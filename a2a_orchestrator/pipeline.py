@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeAlias
 
 import anyio
 
+from .budgets import Spend
 from .delegation import ChildConfig, ChildHandle
 from .errors import OrchestratorError
 from .events import Done, Failed, InputRequired
@@ -130,6 +131,9 @@ class PipelineResult:
     """Relative to the work directory."""
     usage: Usage = field(default_factory=Usage)
     """Summed over every pass."""
+    total: Spend = field(default_factory=Spend)
+    """What the passes and their own children spent, from the store's
+    per-turn rows: exact after a crash and a resume (a turn counted once)."""
     coder_child_id: str = ""
     """The coder's conversation: a later review round continues it."""
 
@@ -457,7 +461,10 @@ class Pipeline:
                 {"architect": design.text, "coder": code.text, "reviewer": review.text},
             )
         )
+        subtrees = await self.session.store.subtree_usage(self.session.id)
+        total = sum((subtrees.get(c, Spend()) for c in set(self._child_ids.values())), Spend())
         return PipelineResult(
+            total=total,
             architect_output=design.text,
             coder_output=code.text,
             reviewer_output=review.text,

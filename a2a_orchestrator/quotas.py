@@ -136,6 +136,18 @@ class Quotas:
         finally:
             self.release(context)
 
+    async def tokens_left(self, context: ServerCallContext) -> int | None:
+        """How many tokens the request's caller may still use today (its
+        `tokens_per_day` less what it used); None when it has no such limit.
+        A child's budget on this server is capped by it, turn by turn."""
+        owner = resolve_user_scope(context)
+        limit = self._limits(owner).tokens_per_day
+        if limit is None:
+            return None
+        async with self._tokens_lock:
+            used = await self._tokens_today(owner, self._caller(owner), today())
+        return max(limit - used, 0)
+
     async def admit(self, context: ServerCallContext) -> None:
         """Count the request as a turn of its caller, or refuse it
         (`InvalidRequestError`) when that would pass one of its limits."""

@@ -11,6 +11,7 @@ full result stays in the store, retrievable by child id.
 
 from __future__ import annotations
 
+from .budgets import Spend
 from .events import ChildEvent, Done, Failed
 from .tokens import count_tokens, prefix_within
 
@@ -65,6 +66,11 @@ def normalise(event: ChildEvent) -> tuple[str, str]:
             text = STEP_BUDGET_TEXT
         elif event.reason == "aborted":
             text = ABORTED_TEXT
+        elif event.reason == "budget":
+            # The message says which limit and what was spent.
+            text = "subagent stopped by its budget: " + event.message.removeprefix(
+                "budget exhausted: "
+            )
         elif event.message == NO_TERMINAL_TEXT:
             text = NO_TERMINAL_TEXT
         else:
@@ -73,12 +79,17 @@ def normalise(event: ChildEvent) -> tuple[str, str]:
     return "failed", f"{NO_TERMINAL_TEXT}\n\n{DID_NOT_FINISH}"
 
 
-def render_final_answer(task_name: str, sender: str, payload: str) -> str:
-    """The block a parent receives in its inbox when a child finishes."""
+def render_final_answer(
+    task_name: str, sender: str, payload: str, usage: Spend | None = None
+) -> str:
+    """The block a parent receives in its inbox when a child finishes;
+    `usage` (the child's subtree total so far) adds a `Usage:` line."""
+    spent = f"Usage: {usage.describe()} (this child and its children)\n" if usage else ""
     return (
         "Message Type: FINAL_ANSWER\n"
         f"Task name: {task_name}\n"
         f"Sender: {sender}\n"
+        f"{spent}"
         "Payload:\n"
         f"{truncate_to_budget(payload)}"
     )

@@ -3,7 +3,7 @@
 A role file is either Markdown with YAML front matter (the body is the
 prompt) or JSON in the Creo shape (`prompt`, `model`, `skills`, `tools`, and
 optionally `description`, `max_turns`, `timeout`, `models`, `sandbox_network`,
-`model_timeout`, `model_retries`).
+`model_timeout`, `model_retries`, `budget`).
 Either way the role's name is the file's stem; a `name` field, when present, must agree with it.
 
 Lookup contract: `role_dirs()` lists the directories in priority order, and
@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from .budgets import Budget
 from .errors import ConfigError, RoleFileError, RoleNotFoundError
 from .lookup import lookup_dirs, shipped_dir
 
@@ -62,6 +63,7 @@ _MARKDOWN_FIELDS = frozenset(
         "sandbox_network",
         "model_timeout",
         "model_retries",
+        "budget",
     }
 )
 _JSON_FIELDS = _MARKDOWN_FIELDS | {"prompt"}
@@ -103,6 +105,13 @@ class Role:
     model_retries: int | None = None
     """Attempts after the first for one model call; `None` keeps the
     operator's `A2A_MODEL_RETRIES` (2). Set by the role file only."""
+    budget: Budget | None = None
+    """The most one child of this role (with its own children) may spend:
+    tokens, seconds, model calls, cost (`budgets.py`). A child's config and
+    a spawn policy only narrow it."""
+    no_network: bool = False
+    """Set by a child's config (`network: false`): its commands get no
+    network, whatever the operator and `sandbox_network` allow."""
     source: Path | None = None
     """The file the role was loaded from; `None` for roles built in code."""
 
@@ -377,6 +386,12 @@ def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> 
             f"must be a whole number, 0 or more, got {model_retries!r}",
             field="model_retries",
         )
+    budget = None
+    if fields.get("budget") is not None:
+        try:
+            budget = Budget.from_dict(fields["budget"])
+        except ConfigError as exc:
+            raise RoleFileError(where, str(exc), field="budget") from exc
     return Role(
         name=name,
         description=description.strip(),
@@ -390,6 +405,7 @@ def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> 
         sandbox_network=sandbox_network,
         model_timeout=None if model_timeout is None else float(model_timeout),
         model_retries=model_retries,
+        budget=budget,
         source=path,
     )
 

@@ -30,6 +30,15 @@ Contract kept here:
   step boundaries, never at step 0: steering first, then child results.
   Input queued between turns is taken when the next turn starts, so its
   first model call sees it. Child results are de-duplicated by their uuid.
+- Budgets (`budgets.py`): with a `budget`, the conversation is stopped at
+  the step where it would pass it, as `Failed(reason="budget")`: before a
+  model call once a kind is used up, right after a model call whose tokens
+  or cost passed it (its tool calls are not run), and at a deadline for
+  wall time. `spent` is the child's spend over its whole life (seeded when
+  it is rebuilt after a crash), `spent_below` what its own children spent;
+  a turn's `cap` (a role server's per-caller limit) counts this turn only.
+  Every `Done` and `Failed` carries the turn's spend; the first event of
+  each step carries that model call's.
 - `offer(text)` is steering for the running turn only, decided at once: True
   while the turn can still read it, False (nothing queued) once the turn has
   passed its last step boundary or none runs. A turn that ends with offered
@@ -48,6 +57,7 @@ from typing import Any
 
 import anyio
 
+from .budgets import Budget, Meter, Price, Spend
 from .errors import ModelError, ToolError
 from .events import (
     AssistantMessage,
@@ -105,7 +115,16 @@ class Conversation:
         role: str = "",
         messages: Sequence[ChatMessage] | None = None,
         journal: CallJournal | None = None,
+        budget: Budget | None = None,
+        price: Price | None = None,
+        spent: Spend | None = None,
+        turn_spent: Spend | None = None,
+        spent_below: Callable[[], Awaitable[Spend]] | None = None,
     ) -> None:
+        """`budget` caps the child's life and subtree; `price` makes its model
+        calls' cost (required for a cost budget); `spent` is what it spent
+        before (a rebuilt child), `turn_spent` what the turn a crash cut had
+        spent, `spent_below` reads what its own children spent."""
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if timeout <= 0:
@@ -124,6 +143,13 @@ class Conversation:
             self.messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.usage = Usage()
         self._turn_usage = Usage()
+        self.meter = Meter(
+            budget, price=price, spent=spent, turn=turn_spent, below=spent_below, model=model.name
+        )
+        """The child's spend against its budget."""
+        self._budget_deadline = False
+        self._paused_time = 0.0
+        self._turn_started = 0.0
         self._running = False
         self._aborted: tuple[FailReason, str] | None = None
         self._scope: anyio.CancelScope | None = None
@@ -175,6 +201,22 @@ class Conversation:
         pending = self.pending_question
         if pending is not None:
             self.messages.append({"role": "tool", "tool_call_id": pending, "content": answer})
+
+    @property
+    def budget(self) -> Budget | None:
+        return self.meter.budget
+
+    @property
+    def spent(self) -> Spend:
+        """Spent over the child's whole life, the running turn's model calls included."""
+        return self.meter.spent
+
+    def spent_now(self) -> Spend:
+        """`spent` with the running turn's time so far (paused time not counted)."""
+        if not self._running:
+            return self.spent
+        elapsed = anyio.current_time() - self._turn_started - self._paused_time
+        return self.spent + Spend(seconds=max(elapsed, 0.0))
 
     # -- control ------------------------------------------------------------
 
@@ -236,13 +278,23 @@ class Conversation:
 
     # -- the loop -----------------------------------------------------------
 
-    async def run(self, text: str | None, emit: Emit) -> ChildEvent:
-        """Play one turn; `text=None` continues from the transcript as it is."""
+    async def run(self, text: str | None, emit: Emit, *, cap: Budget | None = None) -> ChildEvent:
+        """Play one turn; `text=None` continues from the transcript as it is.
+        `cap` limits this turn's spend alone (a role server's per-caller limit)."""
         if self._running:
             raise RuntimeError("this conversation is already running a turn")
         self._running = True
         self._aborted = None
         self._accepting = True
+        # A turn continued after a crash (`text=None`) counts what it spent
+        # before the crash; any other turn starts from nothing.
+        self.meter.start_turn(continued=text is None, cap=cap)
+        self._turn_usage = Usage(
+            input_tokens=self.meter.turn.input_tokens,
+            output_tokens=self.meter.turn.output_tokens,
+        )
+        started_at = self._turn_started = anyio.current_time()
+        self._paused_time = 0.0
         try:
             # Input queued while no turn ran (an injection, a child's result)
             # is this turn's from its first model call, ahead of the turn's own
@@ -258,7 +310,12 @@ class Conversation:
                 self._absorb()
             await emit(Started(role=self.role, model=self.model.name))
             terminal: ChildEvent | None = None
-            with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as scope:
+            limit = self.timeout
+            left = self.meter.seconds_left()
+            self._budget_deadline = left is not None and left < limit
+            if left is not None:
+                limit = min(limit, left)
+            with anyio.CancelScope(deadline=anyio.current_time() + limit) as scope:
                 self._scope = scope
                 if self._aborted is not None:
                     scope.cancel()
@@ -276,16 +333,26 @@ class Conversation:
                     # after the loop stopped reading it.
                     self._accepting = False
             self._scope = None
+            elapsed = max(anyio.current_time() - started_at - self._paused_time, 0.0)
+            self.meter.add(Spend(seconds=elapsed))
             if terminal is None:
                 if self._aborted is not None:
                     reason, message = self._aborted
                     terminal = Failed(reason=reason, message=message)
+                elif self._budget_deadline:
+                    terminal = Failed(
+                        reason="budget", message=await self.meter.exhausted("seconds")
+                    )
                 else:
                     terminal = Failed(
                         reason="timeout", message=f"timed out after {self.timeout:g} s"
                     )
             if isinstance(terminal, Done | Failed):
-                terminal = dataclasses.replace(terminal, usage=self._turn_usage)
+                terminal = dataclasses.replace(
+                    terminal, usage=self._turn_usage, spent=self.meter.turn
+                )
+            elif isinstance(terminal, InputRequired):
+                terminal = dataclasses.replace(terminal, spent=self.meter.turn)
             await emit(terminal)
             return terminal
         finally:
@@ -328,8 +395,10 @@ class Conversation:
                     )
                     self.resume()
         finally:
+            paused = anyio.current_time() - started
+            self._paused_time += paused
             if scope is not None and deadline is not None:
-                scope.deadline = deadline + (anyio.current_time() - started)
+                scope.deadline = deadline + paused
 
     def _absorb(self) -> None:
         for text in self._steering:
@@ -340,9 +409,12 @@ class Conversation:
         self._results.clear()
 
     async def _loop(self, emit: Emit) -> ChildEvent:
-        self._turn_usage = Usage()
+        carry: Spend | None = None
         for step in range(self.max_turns):
             await self._checkpoint(self._scope)
+            over = await self.meter.over(before_call=True)
+            if over is not None:
+                return Failed(reason="budget", message=await self.meter.exhausted(over))
             if step > 0:
                 self._absorb()
             if step + 1 == self.max_turns:
@@ -356,6 +428,7 @@ class Conversation:
             # status update. A model that answers at once yields one delta.
             unsent: list[str] = []
             last_sent = anyio.current_time()
+            call_usage = Usage()
             async for item in self.model.stream(self.messages, self._specs):
                 if isinstance(item, TextDelta):
                     if item.text:
@@ -370,12 +443,27 @@ class Conversation:
                 else:
                     self._turn_usage = self._turn_usage + item
                     self.usage = self.usage + item
+                    call_usage = call_usage + item
+            spent = self.meter.add_call(call_usage)
+            # Carried to the next step's first event when this one emits
+            # none (an empty answer the turn goes on from).
+            carry = spent if carry is None else carry + spent
             if unsent:
                 await emit(MessageDelta(text="".join(unsent)))
             text = "".join(parts)
+            over = await self.meter.over(before_call=False)
+            if over is not None:
+                # This call passed the budget: its answer is kept, its tool
+                # calls are not run (nor left unanswered in the transcript).
+                # Content "" rather than None: no tool call follows it.
+                self.messages.append({"role": "assistant", "content": text})
+                if text:
+                    await emit(AssistantMessage(text=text, spent=carry))
+                return Failed(reason="budget", message=await self.meter.exhausted(over))
             self.messages.append(_assistant_message(text, calls))
             if text:
-                await emit(AssistantMessage(text=text))
+                await emit(AssistantMessage(text=text, spent=carry))
+                carry = None
             if not calls and (self._steering or self._results) and step + 1 < self.max_turns:
                 # Input arrived during this last step (a steering message, a
                 # child's result): the turn goes on, so it is read at the next
@@ -387,7 +475,12 @@ class Conversation:
             # message, then its results, which is also how the transcript is
             # rebuilt from a task's history (wire.transcript_from_history).
             for call in calls:
-                await emit(ToolCalled(call_id=call.id, tool=call.name, arguments=call.arguments))
+                await emit(
+                    ToolCalled(
+                        call_id=call.id, tool=call.name, arguments=call.arguments, spent=carry
+                    )
+                )
+                carry = None
             question: str | None = None
             for call in calls:
                 if call.name == ASK_PARENT and self._ask_parent:

@@ -56,6 +56,7 @@ from starlette.routing import BaseRoute
 
 from ._version import __version__ as VERSION
 from .access import Access
+from .budgets import PriceTable
 from .callers import Limits
 from .errors import ConfigError
 from .events import new_uuid
@@ -322,6 +323,10 @@ def build_app(
         # The executor saves a new task itself before its tools run: through
         # the same store, so quotas see that save like the SDK's own.
         executor.task_store = observed
+        if quotas is not None:
+            # A caller's budget never lifts its limits here: each turn is
+            # capped by what its tokens_per_day leaves.
+            executor.tokens_left = quotas.tokens_left
     handler = RoleRequestHandler(
         agent_executor=executor,
         task_store=observed,
@@ -460,6 +465,7 @@ async def run_role_server(
     model_names: Collection[str] = (),
     max_memory: int = DEFAULT_MAX_MEMORY,
     sandbox: Sandbox | None = None,
+    prices: PriceTable | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -475,7 +481,8 @@ async def run_role_server(
     the server owns it from here (closes it when it stops). With it, each
     caller's usage is recorded in the server's SQLite file (`usage.py`).
 
-    `sandbox` is where `run_command` runs commands (default:
+    `prices` is the operator's price table for cost budgets (default:
+    `A2A_PRICES`). `sandbox` is where `run_command` runs commands (default:
     `Sandbox.from_env()`); a file task store is hidden from them. Raises
     `ConfigError` before binding when the role lists `run_command` and the
     sandbox cannot be had here; an operator's opt-out is logged as a warning
@@ -506,6 +513,7 @@ async def run_role_server(
         model_names=model_names,
         max_memory=max_memory,
         sandbox=sandbox,
+        prices=prices if prices is not None else PriceTable.from_env(),
     )
     if access is None and token:
         access = Access(token=token)

@@ -17,6 +17,10 @@ Contract:
 - `spawn(config)` returns a `ChildHandle` at once; `spawn_child(config)` is
   the agentik shape: an async iterator of that child's events. Dropping the
   iterator does not cancel the child.
+- Before a child exists its config is narrowed: by the spawn policy
+  (`policy.py`; a denial raises `SpawnRefusedError`), then its budget by
+  what is left of its parent's (a local parent's budget covers its subtree).
+  The narrowed config is the one stored and sent, on either transport.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from .budgets import Budget, PriceTable, Spend
 from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus, Input, Listener
 from .errors import ConfigError
 from .events import (
@@ -54,6 +59,7 @@ from .events import (
 from .models.base import Model
 from .models.config import ModelSettings, resolve_model
 from .network import AgentSpec, Network
+from .policy import Policy, SpawnPolicy, SpawnRequest
 from .runner import Runner
 from .store import ChildRecord, Store
 from .tools import Sandbox, Tool, Workspace
@@ -89,11 +95,15 @@ class Session:
         lost_after: float = 30.0,
         idle_probe: float = 15.0,
         sandbox: Sandbox | None = None,
+        policy: SpawnPolicy | Policy | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         """`lost_after` and `idle_probe` configure the session's own
         `RemoteDelegate` (see there); a given `remote` keeps its own.
         `sandbox`: where local children's commands run (default:
-        `Sandbox.from_env()`); the store is hidden from them."""
+        `Sandbox.from_env()`); the store is hidden from them. `policy`: the
+        spawn policy (a `SpawnPolicy`, or one rule). `prices`: the price
+        table local children's cost is computed with (default: `A2A_PRICES`)."""
         self.store = store
         self.network = network or Network.load()
         self.workspace = Workspace(Path(workdir))
@@ -105,8 +115,15 @@ class Session:
         self.sandbox = (sandbox if sandbox is not None else Sandbox.from_env()).hiding(
             *store_paths(store.path)
         )
+        self.prices = prices if prices is not None else PriceTable.from_env()
+        self.policy = policy if isinstance(policy, SpawnPolicy | None) else SpawnPolicy([policy])
+        """The spawn policy every child goes through (None: as asked)."""
         self.local = LocalDelegate(
-            self.workspace, models=self.models, parent_model=parent_model, sandbox=self.sandbox
+            self.workspace,
+            models=self.models,
+            parent_model=parent_model,
+            sandbox=self.sandbox,
+            prices=self.prices,
         )
         self._remote = remote
         self._lost_after = lost_after
@@ -229,6 +246,7 @@ class Session:
         child_id = child_id or uuidlib.uuid4().hex[:12]
         if child_id in self._children:
             raise ConfigError(f"child id {child_id!r} is taken")
+        config = await self._narrowed(config, spec, parent_id)
         record = ChildRecord(
             child_id=child_id,
             session_id=self.id,
@@ -271,6 +289,7 @@ class Session:
                 child_id=child_id,
                 extra_tools=extra,
                 journal=self.store.journal.scoped(child_id),
+                spent_below=self._spent_below(child_id),
             )
             self._bind_nested(child_id, run)
         await self.store.add_child(record)
@@ -361,6 +380,50 @@ class Session:
             results[child_id] = await handle.wait()
         return results
 
+    # -- budgets and policy ---------------------------------------------------------
+
+    async def _narrowed(self, config: ChildConfig, spec: AgentSpec, parent_id: str) -> ChildConfig:
+        """The config the child gets: the policy's narrowing, then its budget
+        capped by what is left of its parent's."""
+        parent = self._children.get(parent_id) if parent_id else None
+        if self.policy is not None:
+            request = SpawnRequest(
+                session_id=self.id,
+                parent_id=parent_id,
+                parent_role=parent.role if parent is not None else "",
+                agent=spec,
+                config=config,
+            )
+            config = await self.policy.apply(request)
+        if spec.remote and config.workdir is not None:
+            raise ConfigError(
+                f"child config field 'workdir': agent {spec.name!r} is remote and works in its "
+                "role server's own directory; only an in-process child can be given a "
+                "subdirectory"
+            )
+        left = await self.budget_left(parent_id) if parent_id else None
+        if left is not None:
+            config = dataclasses.replace(config, budget=(config.budget or Budget()).narrow(left))
+        return config
+
+    async def budget_left(self, child_id: str) -> Budget | None:
+        """What is left of a local child's budget for its own children (None:
+        it has none, or is not a local child held here)."""
+        handle = self._children.get(child_id)
+        conversation = getattr(handle.run, "conversation", None) if handle else None
+        budget = getattr(conversation, "budget", None)
+        if conversation is None or budget is None:
+            return None
+        below = await self._spent_below(child_id)()
+        spent = conversation.spent_now() + dataclasses.replace(below, seconds=0.0)
+        return budget.left(spent)
+
+    def _spent_below(self, child_id: str) -> Callable[[], Coroutine[Any, Any, Spend]]:
+        async def below() -> Spend:
+            return await self.store.descendants_usage(self.id, child_id)
+
+        return below
+
     # -- internals ----------------------------------------------------------------
 
     def _spec_for(self, record: ChildRecord) -> AgentSpec:
@@ -447,6 +510,7 @@ class Session:
                 extra_tools=extra,
                 journal=journal.scoped(record.child_id),
                 interrupted=await journal.interrupted(record.child_id),
+                spent_below=self._spent_below(record.child_id),
             )
             self._bind_nested(record.child_id, run)
         handle = self._hold(record, spec, run, history)

@@ -11,6 +11,11 @@ Contract:
   the CLI read a session while an orchestrator writes it.
 - Events are keyed by uuid: appending a uuid twice is a no-op that reports
   False, which is how readers that absorb events de-duplicate.
+- Usage: every event that ends a child's turn (done, failed,
+  input_required) writes that turn's spend into `turn_usage`, keyed by the
+  event's uuid, in the same transaction. Totals (a child's, a subtree's, a
+  session's) are sums over those rows, so they are exact after a crash and a
+  resume: a turn is counted once whoever stores its end, and never twice.
 """
 
 from __future__ import annotations
@@ -26,10 +31,16 @@ from typing import IO, Any, TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from .budgets import Spend
 from .journal import ToolJournal, create_table
 from .sqlitefile import SQLiteFile
 
-__all__ = ["MIGRATIONS", "ChildRecord", "RunnerRecord", "Store", "StoredEvent"]
+__all__ = ["MIGRATIONS", "TURN_END_KINDS", "ChildRecord", "RunnerRecord", "Store", "StoredEvent"]
+
+TURN_END_KINDS = ("done", "failed", "input_required")
+"""Stored event kinds that end a child's turn and carry its spend."""
+
+_SPEND_COLUMNS = ("input_tokens", "output_tokens", "model_calls", "seconds", "cost")
 
 T = TypeVar("T")
 
@@ -188,6 +199,42 @@ def m004_remote_identity(db: sqlite_utils.Database) -> None:
 def m005_tool_calls(db: sqlite_utils.Database) -> None:
     # The tool-call journal of in-process children (see `journal`).
     create_table(db.conn)
+
+
+@MIGRATIONS()
+def m006_turn_usage(db: sqlite_utils.Database) -> None:
+    # One row per turn of a child, keyed by the uuid of the event that ended
+    # it: totals are sums of these rows, and a replayed event adds nothing.
+    db.execute(
+        """
+        CREATE TABLE turn_usage (
+            uuid TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            child_id TEXT NOT NULL,
+            input_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            model_calls INTEGER NOT NULL DEFAULT 0,
+            seconds REAL NOT NULL DEFAULT 0,
+            cost REAL NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL
+        )
+        """
+    )
+    db.table("turn_usage").create_index(["session_id"])
+    db.table("turn_usage").create_index(["child_id"])
+    # Turns stored before this migration had only their tokens (`usage`).
+    db.execute(
+        """
+        INSERT OR IGNORE INTO turn_usage
+            (uuid, session_id, child_id, input_tokens, output_tokens, created_at)
+        SELECT uuid, session_id, child_id,
+               coalesce(json_extract(payload, '$.usage.input_tokens'), 0),
+               coalesce(json_extract(payload, '$.usage.output_tokens'), 0),
+               created_at
+        FROM events
+        WHERE kind IN ('done', 'failed') AND child_id IS NOT NULL
+        """
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -504,6 +551,24 @@ class Store:
                     if cursor.rowcount == 0:
                         stored.append(None)
                         continue
+                    if kind in TURN_END_KINDS and child_id is not None:
+                        spend = Spend.from_dict(payload.get("spent"))
+                        self._db.conn.execute(
+                            "INSERT OR IGNORE INTO turn_usage (uuid, session_id, child_id, "
+                            f"{', '.join(_SPEND_COLUMNS)}, created_at) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (
+                                event_uuid,
+                                session_id,
+                                child_id,
+                                spend.input_tokens,
+                                spend.output_tokens,
+                                spend.model_calls,
+                                spend.seconds,
+                                spend.cost,
+                                now,
+                            ),
+                        )
                     stored.append(
                         StoredEvent(
                             seq=int(cursor.lastrowid or 0),
@@ -548,6 +613,62 @@ class Store:
             return out
 
         return await self._run(rows)
+
+    # -- usage ------------------------------------------------------------------
+
+    async def child_usage(self, session_id: str) -> dict[str, Spend]:
+        """Each child's own spend (its finished turns), by child id."""
+        sums = ", ".join(f"sum({column})" for column in _SPEND_COLUMNS)
+
+        def rows() -> dict[str, Spend]:
+            cursor = self._db.conn.execute(
+                f"SELECT child_id, {sums} FROM turn_usage WHERE session_id = ? GROUP BY child_id",
+                (session_id,),
+            )
+            return {
+                row[0]: Spend.from_dict(dict(zip(_SPEND_COLUMNS, row[1:], strict=True)))
+                for row in cursor.fetchall()
+            }
+
+        return await self._run(rows)
+
+    async def subtree_usage(self, session_id: str) -> dict[str, Spend]:
+        """Each child's spend with its descendants', by child id."""
+        own = await self.child_usage(session_id)
+        children = await self.list_children(session_id=session_id)
+        parent_of = {c.child_id: c.parent_id for c in children}
+        totals = {c.child_id: Spend() for c in children}
+        for child_id, spend in own.items():
+            # Up the parent chain: each ancestor's subtree holds this spend.
+            seen: set[str] = set()
+            node: str = child_id
+            while node and node in totals and node not in seen:
+                seen.add(node)
+                totals[node] = totals[node] + spend
+                node = parent_of.get(node, "")
+        return totals
+
+    async def descendants_usage(self, session_id: str, child_id: str) -> Spend:
+        """What a child's children, theirs, and so on spent (not the child itself)."""
+        sums = ", ".join(f"coalesce(sum({column}), 0)" for column in _SPEND_COLUMNS)
+        sql = f"""
+            WITH RECURSIVE below(id) AS (
+                SELECT child_id FROM children WHERE session_id = ? AND parent_id = ?
+                UNION
+                SELECT c.child_id FROM children c JOIN below b ON c.parent_id = b.id
+            )
+            SELECT {sums} FROM turn_usage WHERE child_id IN (SELECT id FROM below)
+        """
+
+        def total() -> Spend:
+            row = self._db.conn.execute(sql, (session_id, child_id)).fetchone()
+            return Spend.from_dict(dict(zip(_SPEND_COLUMNS, row, strict=True)))
+
+        return await self._run(total)
+
+    async def session_usage(self, session_id: str) -> Spend:
+        """What every child of a session spent, in total."""
+        return sum((await self.child_usage(session_id)).values(), Spend())
 
     async def export_jsonl(self, session_id: str, out: IO[str]) -> int:
         """Write one session's event log as JSON lines; return how many."""

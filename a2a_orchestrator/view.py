@@ -7,7 +7,8 @@
 
 On a terminal the tree is redrawn in place as events arrive; elsewhere (a
 pipe, CI, a log file) each event is printed as one line instead, so nothing
-is lost and nothing is garbled.
+is lost and nothing is garbled. Tokens are counted per finished turn; a
+child with children of its own also shows its subtree's (`Σ 900 tok`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class _Row:
     status: str = "pending"
     last: str = ""
     tokens: int = 0
+    parent_id: str = ""
     children: list[str] = field(default_factory=list)
 
 
@@ -113,6 +115,7 @@ class LiveTree:
                 self._add(relayed.child_id, row)
             row.child_id = relayed.child_id
             row.transport = relayed.transport
+            row.parent_id = relayed.parent_id
         event = relayed.event
         if isinstance(event, MessageDelta) and self.live is False:
             return  # a log gets the whole message once, not every delta
@@ -126,12 +129,26 @@ class LiveTree:
             row.tokens += event.usage.input_tokens + event.usage.output_tokens
         elif isinstance(event, InputRequired):
             row.status = "waiting"
+            row.tokens += event.spent.tokens
         row.last = describe_event(event)
         if self.live:
             self.draw()
         else:
             self.out.write(f"[{row.label} {row.child_id[:6]} {row.transport}] {row.last}{note}\n")
             self.out.flush()
+
+    def subtree_tokens(self, child_id: str) -> int:
+        """A child's tokens with its descendants' (those this view has seen)."""
+        total, seen, stack = 0, set(), [child_id]
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            row = self._rows.get(current)
+            total += row.tokens if row is not None else 0
+            stack.extend(k for k, r in self._rows.items() if r.parent_id == current and r.child_id)
+        return total
 
     def lines(self) -> list[str]:
         lines = [self.title]
@@ -140,6 +157,9 @@ class LiveTree:
             row = self._rows[key]
             branch = "└─" if position == len(self._order) - 1 else "├─"
             tokens = f"  {row.tokens} tok" if row.tokens else ""
+            below = self.subtree_tokens(row.child_id) if row.child_id else 0
+            if below != row.tokens:
+                tokens += f" (Σ {below} tok)"
             ident = row.child_id[:6] if row.child_id else "······"
             lines.append(
                 f"{branch} {row.label:<{width}}  {ident}  {row.transport or '-':<6}  "

@@ -13,6 +13,10 @@ Server side, `publish` turns each `ChildEvent` into task updates:
 | done             | artifact "result" (text part), then status COMPLETED         |
 | failed           | status FAILED (CANCELED when aborted), text part, reason     |
 
+`done`, `failed` and `input_required` carry the turn's spend in metadata
+(`spent`: tokens, model calls, seconds, cost); `failed` names reason
+`budget` when the child's budget stopped it.
+
 Every status message carries `metadata[EVENT_KEY] = kind` (and the usage or
 reason where the event has one), so our own client reads events back exactly;
 a foreign A2A agent's plain status updates and artifacts decode to the
@@ -37,6 +41,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, Part, Role, StreamResponse, Task, TaskState
 from google.protobuf.json_format import MessageToDict
 
+from .budgets import Spend
 from .errors import ControlError
 from .events import (
     AssistantMessage,
@@ -87,7 +92,7 @@ CONTROL_EXTENSION = "https://a2a-orchestrator.dev/extensions/control/v1"
 """The A2A extension a role server declares when it takes control messages."""
 RESULT_ARTIFACT = "result"
 
-_FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost"}
+_FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost", "budget"}
 
 
 def pause_rules_to_wire(rules: Mapping[str, Selector]) -> dict[str, dict[str, Any]]:
@@ -138,18 +143,20 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
                 "success": success,
             }
             await _status(updater, working, [new_data_part(data)], meta, event.uuid)
-        case InputRequired(question=question):
+        case InputRequired(question=question, spent=spent):
+            meta["spent"] = spent.as_dict()
             state = TaskState.TASK_STATE_INPUT_REQUIRED
             await _status(updater, state, [new_text_part(question)], meta, event.uuid)
-        case Done(text=text, usage=usage):
+        case Done(text=text, usage=usage, spent=spent):
             meta["usage"] = usage.as_dict()
+            meta["spent"] = spent.as_dict()
             await updater.add_artifact(
                 [new_text_part(text)], name=RESULT_ARTIFACT, metadata={"usage": usage.as_dict()}
             )
             state = TaskState.TASK_STATE_COMPLETED
             await _status(updater, state, [new_text_part(text)], meta, event.uuid)
-        case Failed(reason=reason, message=message, usage=usage):
-            meta.update(reason=reason, usage=usage.as_dict())
+        case Failed(reason=reason, message=message, usage=usage, spent=spent):
+            meta.update(reason=reason, usage=usage.as_dict(), spent=spent.as_dict())
             state = (
                 TaskState.TASK_STATE_CANCELED
                 if reason == "aborted"
@@ -248,15 +255,21 @@ def _decode_ours(kind: str, message: Message) -> ChildEvent | None:
                 success=bool(data.get("success", False)),
             )
         case "input_required":
-            return InputRequired(uuid=uuid, question=text)
+            return InputRequired(uuid=uuid, question=text, spent=Spend.from_dict(meta.get("spent")))
         case "done":
-            return Done(uuid=uuid, text=text, usage=_usage(meta.get("usage")))
+            return Done(
+                uuid=uuid,
+                text=text,
+                usage=_usage(meta.get("usage")),
+                spent=Spend.from_dict(meta.get("spent")),
+            )
         case "failed":
             return Failed(
                 uuid=uuid,
                 reason=_reason(meta.get("reason"), "error"),
                 message=text,
                 usage=_usage(meta.get("usage")),
+                spent=Spend.from_dict(meta.get("spent")),
             )
     return None
 

@@ -253,8 +253,11 @@ def test_short_ids_status_and_git(tmp_path: Path) -> None:
     assert (tmp_path / ".a2a" / ".gitignore").read_text() == "*\n"
 
     status = cli("status", cwd=tmp_path).stdout.splitlines()
-    assert status[0].split() == ["SESSION", "STARTED", "SIGNAL", "CHILDREN", "RUNNER", "TITLE"]
+    header = ["SESSION", "STARTED", "SIGNAL", "CHILDREN", "USAGE", "RUNNER", "TITLE"]
+    assert status[0].split() == header
     lines = {line.split()[0]: line for line in status[1:]}
+    # The session's tokens, summed from its children's stored turns.
+    assert re.search(r"\s[1-9]\d*tok\s", lines[session]), lines[session]
     assert "TASK_SKIPPED" in lines[session] and "3 completed" in lines[session]
     assert "ended" in lines[session] and lines[session].endswith("Add a hello module")
     assert " error " in lines[other] and "1 input_required" in lines[other]

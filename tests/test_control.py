@@ -7,6 +7,7 @@ behaviour by the child's task.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -348,12 +349,17 @@ async def test_results_rendered_for_the_parent(transport: str, tmp_path: Path) -
             full = await plane.result(long.child_id)
     by_sender = {text.split("Sender: ")[1].split("\n")[0]: text for text in inbox_texts}
     header = (
-        "Message Type: FINAL_ANSWER\n"
-        f"Task name: {plane.session.id}\n"
-        f"Sender: {empty.child_id}\n"
-        "Payload:\n"
+        f"Message Type: FINAL_ANSWER\nTask name: {plane.session.id}\nSender: {empty.child_id}\n"
     )
-    assert by_sender[empty.child_id] == header + "(subagent completed without output)"
+    # Between the sender and the payload, what the child's subtree spent.
+    usage, rest = by_sender[empty.child_id].removeprefix(header).split("\n", 1)
+    assert re.fullmatch(
+        r"Usage: \d+ tokens \(\d+ in, \d+ out\), 1 model calls, [\d.]+ s "
+        r"\(this child and its children\)",
+        usage,
+    ), usage
+    assert by_sender[empty.child_id].startswith(header)
+    assert rest == "Payload:\n(subagent completed without output)"
     rendered_long = by_sender[long.child_id].split("Payload:\n", 1)[1]
     assert rendered_long.endswith(TRUNCATED) and count_tokens(rendered_long) <= 900
     assert full.endswith("END") and len(full) > len(rendered_long)

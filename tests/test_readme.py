@@ -69,13 +69,19 @@ def one_block(language: str, marker: str) -> str:
 
 
 # Which test covers which block, by a string only that block contains.
-PYTHON = {"client": "A2ACardResolver", "session": "session.spawn_child("}
+PYTHON = {
+    "client": "A2ACardResolver",
+    "session": "session.spawn_child(",
+    "budgets": "SpawnPolicy([read_only_reviewer])",
+}
 TOML = {
     "agents": 'url = "http://coder:9102"',
     "hooks": "[[hook]]",
     "reactions": "[[reaction]]",
     "callers": "[callers.reports-team]",
     "client credentials": 'client_id = "orchestrator"',
+    "policy": 'deny = "agents do not deploy"',
+    "prices": '[models."gpt-4o"]',
 }
 MARKDOWN = {"role": "name: coder", "model limits": "model_timeout:"}
 
@@ -181,7 +187,70 @@ def session_of(workdir: Path) -> list[str]:
     return ids
 
 
+def test_the_budgets_example_prints_its_usage_report(tmp_path: Path) -> None:
+    code = one_block("python", PYTHON["budgets"])
+    out = run_example(code, tmp_path)
+    # The report the README shows, token for token (only wall time varies,
+    # and it is not printed).
+    shown = README.read_text(encoding="utf-8").split("Its output:", 1)[1]
+    expected = shown.split("```\n", 2)[1].split("```", 1)[0]
+    assert out == expected
+    stored = subprocess.run(
+        [*CLI, "children", "--store", ".a2a/orchestrator.db", *session_of(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, **OFFLINE},
+    )
+    lines = stored.stdout.splitlines()
+    assert "4800tok (subtree 7200tok)" in lines[0] and "1200tok" in lines[1], stored
+
+
 # -- TOML: the loaders of the files they document ------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_policy_example_narrows_and_denies(tmp_path: Path) -> None:
+    from a2a_orchestrator.delegation import ChildConfig
+    from a2a_orchestrator.errors import SpawnRefusedError
+    from a2a_orchestrator.network import AgentSpec
+    from a2a_orchestrator.policy import SpawnRequest, load_policy_file
+
+    path = tmp_path / "policy.toml"
+    path.write_text(one_block("toml", TOML["policy"]))
+    policy = load_policy_file(path)
+
+    def request(agent: AgentSpec) -> SpawnRequest:
+        config = ChildConfig(role=agent.name, prompt="go")
+        return SpawnRequest(
+            session_id="s", parent_id="", parent_role="", agent=agent, config=config
+        )
+
+    reviewer = await policy.apply(request(AgentSpec(name="reviewer", role="reviewer")))
+    remote = await policy.apply(request(AgentSpec(name="coder", role="coder", url="http://c:1")))
+    local = await policy.apply(request(AgentSpec(name="coder", role="coder")))
+    assert reviewer.tools is not None and set(reviewer.tools) <= {"read_file", "list_files", "grep"}
+    assert reviewer.network is False and reviewer.budget is None
+    assert remote.budget is not None and remote.budget.as_dict() == {
+        "tokens": 200000,
+        "seconds": 900.0,
+        "model_calls": 60,
+    }
+    assert local.budget is None and local.tools is None
+    with pytest.raises(SpawnRefusedError, match="agents do not deploy"):
+        await policy.apply(request(AgentSpec(name="deployer", role="deployer")))
+
+
+def test_the_price_table_example_loads(tmp_path: Path) -> None:
+    from a2a_orchestrator.budgets import PriceTable
+    from a2a_orchestrator.models.base import Usage
+
+    path = tmp_path / "prices.toml"
+    path.write_text(one_block("toml", TOML["prices"]))
+    price = PriceTable.from_env({"A2A_PRICES": str(path)}).price("gpt-4o")
+    assert price is not None
+    assert price.cost(Usage(input_tokens=1_000_000, output_tokens=100_000)) == 3.5
 
 
 def test_the_agents_example_loads(tmp_path: Path) -> None:
@@ -286,6 +355,8 @@ def test_the_role_example_loads_and_gets_its_tools(tmp_path: Path) -> None:
     role = find_role("coder", cwd=tmp_path)
     assert role.source and Path(role.source).parent == roles
     assert (role.max_turns, role.timeout, role.sandbox_network) == (30, 600, False)
+    assert role.budget is not None
+    assert role.budget.as_dict() == {"tokens": 400000, "seconds": 1800.0, "model_calls": 120}
     assert role.prompt.startswith("You are the coder")
     # A conversation is what checks the tools a role lists; it is built here
     # with a scripted model (nothing is called).

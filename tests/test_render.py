@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from a2a_orchestrator.budgets import Spend
 from a2a_orchestrator.events import Done, Failed, InputRequired
 from a2a_orchestrator.render import (
     DID_NOT_FINISH,
@@ -29,6 +30,10 @@ def test_fixed_texts() -> None:
     assert normalise(Failed(reason="timeout", message="timed out after 60 s"))[1] == (
         "timed out after 60 s\n\n" + DID_NOT_FINISH
     )
+    over = Failed(reason="budget", message="budget exhausted: tokens 360 of 250 (spent ...)")
+    assert normalise(over)[1] == (
+        "subagent stopped by its budget: tokens 360 of 250 (spent ...)\n\n" + DID_NOT_FINISH
+    )
     assert normalise(InputRequired(question="?"))[0] == "failed"
     assert DID_NOT_FINISH == (
         "The subagent did not finish. Spawn it again if the task is still needed."
@@ -38,6 +43,11 @@ def test_fixed_texts() -> None:
 def test_final_answer_block() -> None:
     assert render_final_answer("parent-1", "child-7", "all good") == (
         "Message Type: FINAL_ANSWER\nTask name: parent-1\nSender: child-7\nPayload:\nall good"
+    )
+    # With the child's subtree usage, a line between the sender and the payload.
+    spent = Spend(input_tokens=100, output_tokens=20, model_calls=1, seconds=0.25)
+    assert render_final_answer("p", "c", "ok", spent).split("\n")[3] == (
+        "Usage: 120 tokens (100 in, 20 out), 1 model calls, 0.2 s (this child and its children)"
     )
 
 

@@ -1,20 +1,23 @@
 """The in-process transport: a child's conversation runs in this process.
 
 The same role files, tools, runtime and child-config rules as a role server,
-without HTTP; events come straight from the runtime.
+without HTTP; events come straight from the runtime. A child's budget is
+kept by the same runtime code as on a role server; a child whose config names
+a `workdir` works in that subdirectory of the session's work directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
 
+from ..budgets import PriceTable, Spend
 from ..delegation import CANCELED_TEXT, INTERRUPTED_TEXT, ChildConfig, Emit
-from ..errors import OrchestratorError
+from ..errors import ConfigError, OrchestratorError
 from ..events import ChildEvent
-from ..executor import apply_child_config, role_conversation
+from ..executor import apply_child_config, role_conversation, spent_in
 from ..journal import CallJournal
 from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
@@ -22,9 +25,35 @@ from ..roles import find_role
 from ..runtime import Conversation
 from ..selectors import Selector
 from ..tools import Sandbox, Tool, Workspace
+from ..tools.sandbox import STATE_DIR
 from ..transcript import rebuild_transcript
 
-__all__ = ["LocalDelegate", "LocalRun", "check_sandbox", "pick_model"]
+__all__ = ["LocalDelegate", "LocalRun", "check_sandbox", "narrow_workspace", "pick_model"]
+
+SpentBelow = Callable[[], Awaitable[Spend]]
+
+
+def narrow_workspace(workspace: Workspace, subdir: str) -> Workspace:
+    """The workspace of `subdir`, an existing directory inside `workspace`
+    (relative, no `..`, not the server's `.a2a`); `ConfigError` otherwise."""
+    path = PurePosixPath(subdir)
+    if not subdir.strip() or path.is_absolute() or ".." in path.parts:
+        raise ConfigError(
+            f"child config field 'workdir': {subdir!r} must be a relative path inside "
+            "the work directory, without '..'"
+        )
+    if path.parts and path.parts[0] == STATE_DIR:
+        raise ConfigError(f"child config field 'workdir': {subdir!r} is the server's own state")
+    target = workspace.root / path
+    try:
+        real = target.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise ConfigError(f"child config field 'workdir': {subdir!r} does not exist") from exc
+    if not real.is_relative_to(workspace.root) or not real.is_dir():
+        raise ConfigError(
+            f"child config field 'workdir': {subdir!r} is not a directory inside the work directory"
+        )
+    return Workspace(real)
 
 
 def pick_model(requested: str | None, role_model: str, parent_model: str | None) -> str:
@@ -119,10 +148,13 @@ class LocalDelegate:
         extra_tools: Mapping[str, Tool] | None = None,
         cwd: Path | None = None,
         sandbox: Sandbox | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
-        """`sandbox`: where the children's commands run (default: `Sandbox.from_env()`)."""
+        """`sandbox`: where the children's commands run (default:
+        `Sandbox.from_env()`); `prices`: the operator's price table."""
         self.workspace = workspace
         self.sandbox = sandbox
+        self.prices = prices
         self.models = models
         self.parent_model = parent_model
         self.extra_tools = dict(extra_tools or {})
@@ -136,6 +168,7 @@ class LocalDelegate:
         extra_tools: Mapping[str, Tool] | None,
         journal: CallJournal | None,
         interrupted: Collection[str] | None = None,
+        spent_below: SpentBelow | None = None,
     ) -> Conversation:
         role = apply_child_config(find_role(spec.role, cwd=self.cwd), config.overrides())
         if config.unlimited:
@@ -146,14 +179,25 @@ class LocalDelegate:
             role.prompt, entries, shared_context=config.shared_context, interrupted=interrupted
         )
         tools = {**self.extra_tools, **(extra_tools or {})}
+        workspace, sandbox = self.workspace, self.sandbox
+        if config.workdir is not None:
+            workspace = narrow_workspace(self.workspace, config.workdir)
+            # The session's own state stays hidden from a child working below it.
+            base = sandbox if sandbox is not None else Sandbox.from_env()
+            sandbox = base.hiding(self.workspace.root / STATE_DIR)
+        spent, turn_spent = spent_in(entries)
         return role_conversation(
             role,
             model,
-            self.workspace,
+            workspace,
             extra_tools=tools,
             messages=messages,
-            sandbox=self.sandbox,
+            sandbox=sandbox,
             journal=journal,
+            prices=self.prices,
+            spent=spent,
+            turn_spent=turn_spent,
+            spent_below=spent_below,
         )
 
     async def open(
@@ -164,11 +208,16 @@ class LocalDelegate:
         child_id: str,
         extra_tools: Mapping[str, Tool] | None = None,
         journal: CallJournal | None = None,
+        spent_below: SpentBelow | None = None,
     ) -> LocalRun:
         """`extra_tools`: tools for this child only (its control tools, when
         the nesting depth allows it a control plane of its own); `journal`
-        records its tool calls' starts (at most once across crashes)."""
-        return LocalRun(self._conversation(spec, config, (), extra_tools, journal))
+        records its tool calls' starts (at most once across crashes);
+        `spent_below` reads what the child's own children spent (its budget
+        covers them)."""
+        return LocalRun(
+            self._conversation(spec, config, (), extra_tools, journal, spent_below=spent_below)
+        )
 
     async def reopen(
         self,
@@ -182,9 +231,13 @@ class LocalDelegate:
         extra_tools: Mapping[str, Tool] | None = None,
         journal: CallJournal | None = None,
         interrupted: Collection[str] | None = None,
+        spent_below: SpentBelow | None = None,
     ) -> LocalRun:
         """A child resumed from its stored transcript (crash recovery);
-        `interrupted`: ids of its calls a crash interrupted (never re-run)."""
+        `interrupted`: ids of its calls a crash interrupted (never re-run).
+        What it spent is read from the transcript: its budget goes on from there."""
         return LocalRun(
-            self._conversation(spec, config, entries, extra_tools, journal, interrupted)
+            self._conversation(
+                spec, config, entries, extra_tools, journal, interrupted, spent_below
+            )
         )
