@@ -65,6 +65,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_CALLER = "default"
+LEGACY_OWNER = "a2a-client"
+"""The owner of tasks stored before callers had names (the single shared
+token): no caller may take the name and so see those tasks."""
+RESERVED_NAMES = frozenset({DEFAULT_CALLER, LEGACY_OWNER})
 """The name of the caller holding the server's single token (`A2A_AUTH_TOKEN`)."""
 
 JWT_OWNER_PREFIX = "jwt:"
@@ -259,10 +263,11 @@ def _parse(path: Path) -> _Parsed:
                 f"callers file {path}: {where}: a name is letters, digits, '.', '_', '@', '-' "
                 "(at most 64)"
             )
-        if name == DEFAULT_CALLER:
+        if name in RESERVED_NAMES:
             raise ConfigError(
-                f"callers file {path}: {where}: the name {DEFAULT_CALLER!r} is the caller of "
-                "A2A_AUTH_TOKEN; choose another"
+                f"callers file {path}: {where}: the name {name!r} is reserved "
+                f"({DEFAULT_CALLER!r} is the caller of A2A_AUTH_TOKEN, {LEGACY_OWNER!r} owns "
+                "tasks stored before callers had names); choose another"
             )
         table = _table(path, where, raw)
         token_hash = table.get("token_hash")
@@ -316,10 +321,10 @@ def add_caller(path: str | Path, name: str, *, replace: bool = False) -> str:
     for a bad name, a name taken (without `replace`) or unknown (with it).
     """
     path = Path(path).expanduser()
-    if not _NAME.fullmatch(name) or name == DEFAULT_CALLER:
+    if not _NAME.fullmatch(name) or name in RESERVED_NAMES:
         raise ConfigError(
             f"{name!r} cannot be a caller's name: use letters, digits, '.', '_', '@', '-' "
-            f"(at most 64), and not {DEFAULT_CALLER!r}"
+            f"(at most 64), and not {' or '.join(map(repr, sorted(RESERVED_NAMES)))}"
         )
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     if text:

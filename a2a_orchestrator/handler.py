@@ -60,6 +60,7 @@ from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.types import (
     InvalidParamsError,
     ListTasksRequest,
+    Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -79,6 +80,17 @@ from .wire import CONFIG_KEY, CONTROL_KEY, PAUSE_ON_KEY, pause_rules_from_wire
 __all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
 
 CONTROL_ACTIONS = ("pause", "resume", "interrupt", "steer", "pause_on")
+
+
+def _metadata(message: Message) -> dict[str, Any]:
+    """A message's metadata as plain data; invalid params when it cannot be
+    (JSON allows NaN and Infinity, which protobuf's Struct cannot turn back)."""
+    try:
+        return MessageToDict(message.metadata)
+    except ValueError as exc:
+        raise InvalidParamsError(
+            message=f"message metadata: numbers must be finite ({exc})"
+        ) from exc
 
 
 class RoleRequestHandler(DefaultRequestHandler):
@@ -167,7 +179,7 @@ class RoleRequestHandler(DefaultRequestHandler):
         if CONFIG_KEY not in message.metadata.fields:
             return
         try:
-            executor.check_config(MessageToDict(message.metadata).get(CONFIG_KEY))
+            executor.check_config(_metadata(message).get(CONFIG_KEY))
         except ConfigError as exc:
             raise InvalidParamsError(message=f"{CONFIG_KEY}: {exc}") from exc
 
@@ -176,7 +188,7 @@ class RoleRequestHandler(DefaultRequestHandler):
         message = params.message
         if not message.HasField("metadata"):
             return None
-        metadata = MessageToDict(message.metadata)
+        metadata = _metadata(message)
         action = metadata.get(CONTROL_KEY)
         rules = _pause_rules(metadata)
         if action is None:

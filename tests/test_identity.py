@@ -659,6 +659,9 @@ def test_token_hashes_and_bad_callers_files(tmp_path: Path) -> None:
         '[callers.x]\ntoken_hash = "plain"\n': "token_hash must be",
         f'[callers.x]\ntoken_hash = "{stored}"\nconcurent_tasks = 1\n': "unknown field",
         f'[callers.default]\ntoken_hash = "{stored}"\n': "A2A_AUTH_TOKEN",
+        # The owner of tasks stored before callers had names: taking the name
+        # would hand those tasks over.
+        f'[callers.a2a-client]\ntoken_hash = "{stored}"\n': "stored before callers had names",
         "[limits]\ntokens_per_day = -1\n": "must be an integer >= 0",
         "[admins]\n": "unknown table",
     }

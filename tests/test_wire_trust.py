@@ -211,6 +211,36 @@ async def test_wrong_or_wider_config_is_invalid_params_naming_the_field(
     assert tasks == 0
 
 
+async def test_non_finite_numbers_in_metadata_are_invalid_params(tmp_path: Path) -> None:
+    """JSON allows NaN and Infinity; protobuf's Struct cannot turn them back
+    into data. That used to be an internal error (500 on REST)."""
+    bodies = [_send({"max_turns": float("nan")}), _send({"budget": {"tokens": float("inf")}})]
+    plain = _send({})
+    plain["params"]["message"]["metadata"] = {"trace": float("nan")}
+    bodies.append(plain)
+    with anyio.fail_after(20):
+        async with (
+            served(tmp_path, ScriptedModel([{"text": "never"}])) as server,
+            httpx.AsyncClient(timeout=5) as http,
+        ):
+            headers = {"Content-Type": "application/json", "A2A-Version": "1.0"}
+            replies = []
+            for body in bodies:
+                rpc = await http.post(server.url + "/", content=json.dumps(body), headers=headers)
+                rest = await http.post(
+                    server.url + "/rest/message:send",
+                    content=json.dumps(body["params"]),
+                    headers=headers,
+                )
+                replies.append((rpc, rest))
+            tasks = await _task_count(http, server.url)
+    for rpc, rest in replies:
+        assert rpc.json()["error"]["code"] == INVALID_PARAMS, rpc.text
+        assert "numbers must be finite" in rpc.json()["error"]["message"]
+        assert rest.status_code == 400, rest.text
+    assert tasks == 0
+
+
 async def test_narrower_limits_and_tools_are_accepted(tmp_path: Path) -> None:
     seen: list[Sequence[ChatMessage]] = []
 
