@@ -252,6 +252,22 @@ def spent_in(entries: Sequence[str | ChildEvent]) -> tuple[Spend, Spend]:
     return finished, running
 
 
+class _OwnSaveFilter(logging.Filter):
+    """Drops a2a-sdk's "Task ... already exists. Ignoring task replacement."
+
+    `RoleExecutor.execute` stores a new task itself before any tool runs (so a
+    crash cannot lose it); the SDK then finds it stored when it handles the
+    task's first event, keeps the stored one (the same task) and logs that at
+    error level for every task. Nothing else is filtered.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).endswith("already exists. Ignoring task replacement.")
+
+
+logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_OwnSaveFilter())
+
+
 def _metadata(message: Message | None) -> dict[str, Any]:
     if message is None or not message.HasField("metadata"):
         return {}

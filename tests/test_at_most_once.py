@@ -278,3 +278,27 @@ def test_a_call_journaled_but_never_announced_is_put_back_as_interrupted() -> No
         ("user", "go on"),
     ]
     assert messages[2]["tool_calls"][0]["function"]["name"] == "run_command"
+
+
+async def test_the_early_task_save_logs_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The role server stores a new task before its tools run; a2a-sdk then
+    finds it stored and used to log an error for every task."""
+    import logging
+
+    from conftest import role_server
+
+    from a2a_orchestrator.delegation import ChildConfig as _Config
+
+    caplog.set_level(logging.WARNING)
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, [{"text": "ok"}]) as server:
+            store = Store(tmp_path / "o.db")
+            remote = Network.of(AgentSpec(name="remote", role="coder", url=server.url))
+            async with Session(store, workdir=tmp_path, network=remote) as session:
+                handle = await session.spawn(_Config(role="remote", prompt="go"))
+                result = await handle.result()
+            store.close()
+    assert isinstance(result, Done) and result.text == "ok"
+    assert not [r for r in caplog.records if r.name.startswith("a2a") and r.levelno >= 40]
