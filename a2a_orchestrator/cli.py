@@ -45,26 +45,20 @@ def _port(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (`--wait`)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _positive(text: str) -> float:
+def _positive(text: str, must: str = "must be positive") -> float:
     """A positive, finite number (`--max-memory-mb`, `--body-timeout`)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        raise argparse.ArgumentTypeError(f"{must}, got {text}")
     return value
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (`--wait`)."""
+    return _positive(text, "must be a positive number of seconds")
 
 
 def _store_option(parser: argparse.ArgumentParser) -> None:

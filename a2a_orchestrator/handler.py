@@ -65,7 +65,6 @@ from a2a.types import (
     SubscribeToTaskRequest,
     Task,
     TaskNotFoundError,
-    TaskState,
     UnsupportedOperationError,
 )
 from google.protobuf.json_format import MessageToDict
@@ -75,7 +74,13 @@ from .executor import RoleExecutor
 from .quotas import Quotas
 from .selectors import Selector
 from .taskstore import context_owners
-from .wire import CONFIG_KEY, CONTROL_KEY, PAUSE_ON_KEY, pause_rules_from_wire
+from .wire import (
+    CONFIG_KEY,
+    CONTROL_KEY,
+    PAUSE_ON_KEY,
+    TURN_ENDING_STATES,
+    pause_rules_from_wire,
+)
 
 __all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
 
@@ -267,7 +272,7 @@ class RoleRequestHandler(DefaultRequestHandler):
 
     async def _follow(self, task: Task, context: ServerCallContext) -> AsyncIterator[Any]:
         """The answer to a repeated message: its task, then its live events."""
-        if task.status.state in _TURN_OVER:
+        if task.status.state in TURN_ENDING_STATES:
             yield task
             return
         try:
@@ -285,15 +290,3 @@ def _pause_rules(metadata: dict[str, Any]) -> dict[str, Selector]:
         return pause_rules_from_wire(metadata.get(PAUSE_ON_KEY))
     except ControlError as exc:
         raise InvalidParamsError(message=str(exc)) from exc
-
-
-_TURN_OVER = frozenset(
-    {
-        TaskState.TASK_STATE_COMPLETED,
-        TaskState.TASK_STATE_FAILED,
-        TaskState.TASK_STATE_CANCELED,
-        TaskState.TASK_STATE_REJECTED,
-        TaskState.TASK_STATE_INPUT_REQUIRED,
-        TaskState.TASK_STATE_AUTH_REQUIRED,
-    }
-)

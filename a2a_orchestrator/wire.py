@@ -68,6 +68,7 @@ __all__ = [
     "MAX_PAUSE_RULES",
     "PAUSE_ON_KEY",
     "RESULT_ARTIFACT",
+    "TURN_ENDING_STATES",
     "StreamDecoder",
     "history_entries",
     "pause_rules_from_wire",
@@ -300,7 +301,7 @@ class StreamDecoder:
     @property
     def finished_turn(self) -> bool:
         """The task is terminal or waiting for input: this turn is over."""
-        return self.state in _TURN_ENDING
+        return self.state in TURN_ENDING_STATES
 
     def decode(self, response: StreamResponse) -> list[ChildEvent]:
         which = response.WhichOneof("payload")
@@ -360,7 +361,7 @@ class StreamDecoder:
         return [Started(uuid=f"{self.task_id}:started")]
 
     def _decode_status(self, state: TaskState, message: Message | None) -> list[ChildEvent]:
-        if state in _TURN_ENDING and self.state == state and message is None:
+        if state in TURN_ENDING_STATES and self.state == state and message is None:
             return []
         self.state = state
         if message is not None:
@@ -397,7 +398,8 @@ class StreamDecoder:
         return events
 
 
-_TURN_ENDING = frozenset(
+# Task states that end a turn (the task is over, or waits for its caller).
+TURN_ENDING_STATES = frozenset(
     {
         TaskState.TASK_STATE_COMPLETED,
         TaskState.TASK_STATE_FAILED,
