@@ -4,8 +4,6 @@ and a crash never makes it run twice (real processes, SIGKILL, real SQLite)."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -15,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 from crash_command import command_script, network
+from test_recovery import start_role_server
 
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import AssistantMessage, Done, Failed, Started, ToolCalled, ToolResult
@@ -182,38 +181,13 @@ async def test_kill_9_of_the_orchestrator_mid_command_runs_it_once(tmp_path: Pat
     assert _no_leftovers(store_path) == []
 
 
-def _serve(tmp_path: Path, port: int, db: Path, script: Path) -> tuple[subprocess.Popen[str], str]:
-    """`a2a-orchestrator serve coder` as its own process (it gets SIGKILLed)."""
-    env = {
-        **os.environ,
-        "A2A_MODEL_SCRIPT": str(script),
-        "A2A_MODEL_BASE_URL": "",
-        "A2A_MODEL_API_KEY": "",
-        "OPENAI_BASE_URL": "",
-        "OPENAI_API_KEY": "",
-    }
-    argv = ["serve", "coder", "--port", str(port), "--db", str(db), "--workdir", str(tmp_path)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "a2a_orchestrator.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"serving A2A at (http://\S+)", line)
-    assert match, line + (process.stderr.read() if process.stderr else "")
-    return process, match.group(1)
-
-
 async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     call = {"name": "run_command", "arguments": {"command": COMMAND}}
     script.write_text(json.dumps([{"tool_calls": [call]}, {"text": "done"}]))
     db = tmp_path / "role.db"
     runs = tmp_path / "runs.txt"
-    process, url = _serve(tmp_path, 0, db, script)
+    process, url = start_role_server(tmp_path, 0, db, script)
     port = int(url.rsplit(":", 1)[1])
     store = Store(tmp_path / "o.db")
     remote = Network.of(AgentSpec(name="remote", role="coder", url=url))
@@ -224,7 +198,7 @@ async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) 
                 await _wait_for_text(runs, "start")
                 process.send_signal(signal.SIGKILL)
                 process.wait()
-                process, _ = _serve(tmp_path, port, db, script)
+                process, _ = start_role_server(tmp_path, port, db, script)
                 first = await handle.result()
                 await handle.send("go on")
                 second = await handle.result()

@@ -120,9 +120,14 @@ async def test_kill_9_the_orchestrator_then_resume(tmp_path: Path) -> None:
     assert [e.kind for e in events][-1] == "done"
 
 
-def start_role_server(tmp_path: Path, port: int, db: Path) -> tuple[subprocess.Popen[str], str]:
-    script = tmp_path / "slow.json"
-    script.write_text('[{"text": "never", "delay": 60}]')
+def start_role_server(
+    tmp_path: Path, port: int, db: Path, script: Path | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """`a2a-orchestrator serve coder` as its own process (tests SIGKILL it);
+    its model plays `script`, by default one slow answer."""
+    if script is None:
+        script = tmp_path / "slow.json"
+        script.write_text('[{"text": "never", "delay": 60}]')
     env = {
         **os.environ,
         "A2A_MODEL_SCRIPT": str(script),
