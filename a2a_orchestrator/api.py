@@ -1,6 +1,9 @@
 """The orchestrator's HTTP control API (JSON), beside its A2A endpoint.
 
     POST /api/sessions/{id}/subagents/stop   -> {"stopped": n}   cascading stop
+    POST /api/sessions/{id}/children/{child_id}/stop
+                                             -> {"child_id": ..., "stopped": bool}
+                                                one child, for good (as `agent_abort`)
     GET  /api/sessions                       -> {"sessions": [...]}   each with its `usage`
     GET  /api/sessions/{id}/children         -> {"children": [...]}   each with `usage`
                                                 (its own) and `subtree_usage`
@@ -91,6 +94,26 @@ def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -
         # Not run by this process: nothing here is running to stop.
         return JSONResponse({"stopped": 0})
 
+    async def stop_child(request: Request) -> JSONResponse:
+        session_id = request.path_params["session_id"]
+        child_id = request.path_params["child_id"]
+        if not await visible(request, session_id):
+            return _not_found(session_id)
+        record = await store.get_child(child_id)
+        if record is None or record.session_id != session_id:
+            return JSONResponse(
+                {"error": "not found", "detail": f"no child {child_id!r} in {session_id!r}"},
+                status_code=404,
+            )
+        plane = planes().get(session_id)
+        handle = plane.session.children.get(child_id) if plane is not None else None
+        if plane is None or handle is None:
+            # Not held by this process: nothing here is running to stop.
+            return JSONResponse({"child_id": child_id, "stopped": False})
+        # The root's plane ends any descendant: `terminate` records the stop
+        # in the session, whoever the child's parent is.
+        return JSONResponse({"child_id": child_id, "stopped": await plane.terminate(handle)})
+
     async def children(request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if not await visible(request, session_id):
@@ -141,6 +164,7 @@ def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -
         Route("/api/sessions", list_sessions, methods=["GET"]),
         Route("/api/sessions/{session_id}/subagents/stop", stop, methods=["POST"]),
         Route("/api/sessions/{session_id}/children", children, methods=["GET"]),
+        Route("/api/sessions/{session_id}/children/{child_id}/stop", stop_child, methods=["POST"]),
         Route("/api/sessions/{session_id}/events", events, methods=["GET"]),
         Route("/api/sessions/{session_id}/usage", usage, methods=["GET"]),
     ]

@@ -69,6 +69,8 @@ from .store import Store
 from .tools import Sandbox
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .transports.local import check_sandbox
+from .ui import ui_routes
+from .ui_auth import BrowserLogin
 from .usage import UsageLog, usage_path
 from .view import describe_event
 from .wire import EVENT_KEY, publish
@@ -482,8 +484,14 @@ async def run_orchestrator_server(
         open_task_store(db),
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
-        extra_routes=api_routes(store, lambda: executor.planes),
+        extra_routes=[
+            *api_routes(store, lambda: executor.planes),
+            *ui_routes(store, lambda: executor.host.sessions),
+        ],
     )
+    # Outermost: a browser's login cookie becomes the bearer header that the
+    # server's own authentication then checks (ui_auth.py).
+    app.add_middleware(BrowserLogin, access=access)
     try:
         async with run_server(
             app, sock, url, executor, install_signal_handlers=install_signal_handlers

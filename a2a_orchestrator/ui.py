@@ -1,0 +1,440 @@
+"""The orchestrator's web view: sessions, a session's tree of children, a
+child's event log and result, live over server-sent events.
+
+    GET /ui                                        sessions list
+    GET /ui/sessions/{id}                          the tree: role, transport, status,
+                                                   last event, tokens; stop buttons
+    GET /ui/sessions/{id}/children/{child}         a child's event log and result
+    GET /ui/stream, /ui/sessions/{id}/stream,
+        /ui/sessions/{id}/children/{child}/stream  the same, live (text/event-stream)
+    GET /ui/static/{ui.js,ui.css}                  the page's script and style
+
+Pages are rendered on the server (jinja2, autoescaped) and kept current by a
+small script (`ui_static/ui.js`, no build step, nothing fetched from
+elsewhere) that writes what the streams send with `textContent` only: child
+text is untrusted and never becomes markup. A Content-Security-Policy that
+allows only this origin's script and style backs that up.
+
+The store is the source of truth: every stream reads new events from it by
+sequence number, so a stream resumes exactly where it left off after a
+reconnect (`Last-Event-ID`), whoever wrote them (this server, or a CLI run
+on the same store). For a session this server holds, a listener on the
+session wakes the stream as soon as an event is stored; otherwise it polls.
+
+The stop buttons call the HTTP API (`api.py`). Access is the API's: the
+same authentication (a browser logs in once, see `ui_auth.py`), and a
+caller sees only its own sessions; another's answer 404.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from importlib import resources
+from typing import Any
+
+import anyio
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .api import owns
+from .budgets import Spend
+from .events import CHILD_EVENT_KINDS, event_from_dict
+from .middleware import owner_of
+from .session import Session
+from .store import ChildRecord, Store, StoredEvent
+from .ui_auth import CSRF_SCOPE_KEY
+from .view import describe_event
+
+__all__ = ["MAX_SESSIONS", "POLL_SECONDS", "ui_routes"]
+
+POLL_SECONDS = 1.0
+"""How often a stream looks at the store when no listener wakes it."""
+
+KEEPALIVE_SECONDS = 15.0
+"""A comment line this often keeps proxies from closing an idle stream."""
+
+MAX_SESSIONS = 200
+"""The sessions list shows the newest this many."""
+
+_PAGE = 500
+_DETAIL_CHARS = 20_000
+# The page's own script and style, and nothing else, from this origin only.
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_STATIC = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
+
+_templates = jinja2.Environment(
+    loader=jinja2.PackageLoader("a2a_orchestrator", "ui_templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+def _when(timestamp: float | None) -> str:
+    if not timestamp:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def summarize(event: StoredEvent) -> dict[str, Any]:
+    """One line of a child's log: a short summary and the full text (a JSON
+    value; the page writes it as text)."""
+    payload = event.payload
+    if event.kind in CHILD_EVENT_KINDS:
+        try:
+            summary = describe_event(event_from_dict(dict(payload)))
+        except (TypeError, ValueError):
+            summary = event.kind
+    else:
+        # A record (input, steer, control, a subagent's result): its kind and
+        # its first text-like field.
+        words = next(
+            (str(payload[k]) for k in ("text", "message", "action", "result") if k in payload), ""
+        )
+        summary = f"{event.kind} {' '.join(words.split())[:80]}".strip()
+    detail = next(
+        (str(payload[k]) for k in ("text", "message", "question", "output") if payload.get(k)), ""
+    )
+    if not detail and payload.get("arguments"):
+        detail = json.dumps(payload["arguments"], indent=2, ensure_ascii=False)
+    return {
+        "seq": event.seq,
+        "time": _when(event.created_at),
+        "kind": event.kind,
+        "child_id": event.child_id or "",
+        "summary": summary,
+        "detail": detail[:_DETAIL_CHARS],
+    }
+
+
+def _status(record: ChildRecord) -> str:
+    return f"{record.status} ({record.reason})" if record.reason else record.status
+
+
+class _Tree:
+    """A session's children as the page shows them, kept current from the
+    store: each child's last event is followed incrementally by sequence."""
+
+    def __init__(self, store: Store, session_id: str) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.seq = 0
+        self.last: dict[str, str] = {}
+
+    async def advance(self) -> bool:
+        """Read the events stored since the last call; whether there were any."""
+        grew = False
+        while True:
+            page = await self.store.events(self.session_id, after=self.seq, limit=_PAGE)
+            for event in page:
+                # Deltas are summed up by the message that follows them.
+                if event.child_id and event.kind != "message_delta":
+                    self.last[event.child_id] = summarize(event)["summary"]
+            if page:
+                self.seq, grew = page[-1].seq, True
+            if len(page) < _PAGE:
+                return grew
+
+    async def rows(self) -> list[dict[str, Any]]:
+        """The children in tree order (each after its parent), with depth."""
+        records = await self.store.list_children(session_id=self.session_id)
+        spend = await self.store.child_usage(self.session_id)
+        below: dict[str, list[ChildRecord]] = {}
+        known = {r.child_id for r in records}
+        for record in records:
+            parent = record.parent_id if record.parent_id in known else ""
+            below.setdefault(parent, []).append(record)
+        rows: list[dict[str, Any]] = []
+
+        def walk(parent: str, depth: int) -> None:
+            for record in sorted(below.get(parent, []), key=lambda r: r.created_at):
+                used = spend.get(record.child_id, Spend())
+                rows.append(
+                    {
+                        "child_id": record.child_id,
+                        "parent_id": record.parent_id,
+                        "depth": depth,
+                        "agent": record.agent or record.role,
+                        "role": record.role,
+                        "model": record.model,
+                        "transport": record.transport,
+                        "status": _status(record),
+                        "state": record.status,
+                        "last": self.last.get(record.child_id, ""),
+                        "input_tokens": used.input_tokens,
+                        "output_tokens": used.output_tokens,
+                    }
+                )
+                walk(record.child_id, depth + 1)
+
+        walk("", 0)
+        return rows
+
+
+class _Wake:
+    """Wakes a stream when a session this server holds relays an event;
+    `wait` returns after `POLL_SECONDS` otherwise. The listener only sets an
+    event: a slow browser never slows a child."""
+
+    def __init__(self, sessions: Callable[[], Mapping[str, Session]], session_id: str) -> None:
+        self._sessions = sessions
+        self._id = session_id
+        self._held: Session | None = None
+        self._remove: Callable[[], None] | None = None
+        self._event = anyio.Event()
+
+    async def _on_event(self, *_: object) -> None:
+        self._event.set()
+
+    def _follow(self) -> None:
+        # The session may be opened, closed and opened again while a page is open.
+        session = self._sessions().get(self._id) if self._id else None
+        if session is self._held:
+            return
+        self.close()
+        if session is not None:
+            self._remove = session.add_listener(self._on_event)
+        self._held = session
+
+    async def wait(self) -> None:
+        self._follow()
+        with anyio.move_on_after(POLL_SECONDS):
+            await self._event.wait()
+        self._event = anyio.Event()
+
+    def close(self) -> None:
+        if self._remove is not None:
+            try:
+                self._remove()
+            except ValueError:
+                pass  # the session dropped its listeners already
+        self._remove, self._held = None, None
+
+
+def _sse(data: Any, *, event: str, seq: int | None = None) -> str:
+    head = f"id: {seq}\n" if seq is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _after(request: Request) -> int:
+    """Where a stream resumes: the browser's Last-Event-ID on a reconnect,
+    else the page's `after` (what it was rendered with)."""
+    for raw in (request.headers.get("last-event-id"), request.query_params.get("after")):
+        if raw is not None and raw.isdigit():
+            return int(raw)
+    return 0
+
+
+def _stream(chunks: AsyncIterator[str]) -> StreamingResponse:
+    headers = {**_HEADERS, "X-Accel-Buffering": "no"}
+    return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+
+
+def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> list[Route]:
+    """The web view's routes over `store`; `sessions()` gives the sessions
+    this server holds open (their listeners wake the streams)."""
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        body = _templates.get_template(name).render(
+            csrf=request.scope.get(CSRF_SCOPE_KEY, ""), **context
+        )
+        return HTMLResponse(body, status_code=status, headers=_HEADERS)
+
+    def missing(request: Request, what: str) -> HTMLResponse:
+        return page(request, "missing.html", status=404, what=what)
+
+    async def visible(request: Request, session_id: str) -> dict[str, Any] | None:
+        session = await store.get_session(session_id)
+        return session if owns(session, owner_of(request)) else None
+
+    async def session_list(owner: str) -> list[dict[str, Any]]:
+        records = [s for s in await store.list_sessions() if owns(s, owner)]
+        records.sort(key=lambda s: s.get("created_at") or 0, reverse=True)
+        rows = []
+        for record in records[:MAX_SESSIONS]:
+            children = await store.list_children(session_id=record["id"])
+            counts: dict[str, int] = {}
+            for child in children:
+                counts[child.status] = counts.get(child.status, 0) + 1
+            used = await store.session_usage(record["id"])
+            rows.append(
+                {
+                    "id": record["id"],
+                    "title": record.get("title") or "",
+                    "created": _when(record.get("created_at")),
+                    "children": len(children),
+                    "counts": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())),
+                    "tokens": used.input_tokens + used.output_tokens,
+                }
+            )
+        return rows
+
+    async def sessions_page(request: Request) -> Response:
+        return page(request, "sessions.html", sessions=await session_list(owner_of(request)))
+
+    async def sessions_stream(request: Request) -> Response:
+        owner = owner_of(request)
+
+        async def chunks() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            sent: list[dict[str, Any]] | None = None
+            quiet = 0.0
+            while True:
+                rows = await session_list(owner)
+                if rows != sent:
+                    yield _sse(rows, event="sessions")
+                    sent, quiet = rows, 0.0
+                elif quiet >= KEEPALIVE_SECONDS:
+                    yield ": keep-alive\n\n"
+                    quiet = 0.0
+                await anyio.sleep(POLL_SECONDS)
+                quiet += POLL_SECONDS
+
+        return _stream(chunks())
+
+    async def session_page(request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        record = await visible(request, session_id)
+        if record is None:
+            return missing(request, f"session {session_id}")
+        tree = _Tree(store, session_id)
+        await tree.advance()
+        return page(request, "session.html", session=record, rows=await tree.rows(), after=tree.seq)
+
+    async def session_stream(request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        if await visible(request, session_id) is None:
+            return Response("not found", status_code=404, headers=_HEADERS)
+
+        async def chunks() -> AsyncIterator[str]:
+            tree = _Tree(store, session_id)
+            wake = _Wake(sessions, session_id)
+            try:
+                yield "retry: 2000\n\n"
+                # Last events come from the whole log, whatever the client
+                # saw: a reconnect repaints the tree from the store.
+                await tree.advance()
+                yield _sse(await tree.rows(), event="tree", seq=tree.seq)
+                quiet = 0.0
+                while True:
+                    await wake.wait()
+                    if await tree.advance():
+                        yield _sse(await tree.rows(), event="tree", seq=tree.seq)
+                        quiet = 0.0
+                    else:
+                        quiet += POLL_SECONDS
+                        if quiet >= KEEPALIVE_SECONDS:
+                            yield ": keep-alive\n\n"
+                            quiet = 0.0
+            finally:
+                wake.close()
+
+        return _stream(chunks())
+
+    async def child_of(request: Request) -> tuple[dict[str, Any], ChildRecord] | None:
+        session_id = request.path_params["session_id"]
+        record = await visible(request, session_id)
+        child = await store.get_child(request.path_params["child_id"])
+        if record is None or child is None or child.session_id != session_id:
+            return None
+        return record, child
+
+    async def child_state(child_id: str, session_id: str) -> dict[str, Any]:
+        child = await store.get_child(child_id)
+        used = (await store.child_usage(session_id)).get(child_id, Spend())
+        return {
+            "status": _status(child) if child else "",
+            "state": child.status if child else "",
+            "result": child.result if child else "",
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+        }
+
+    async def child_log(session_id: str, child_id: str, after: int) -> list[dict[str, Any]]:
+        page = await store.events(session_id, child_id=child_id, after=after, limit=_PAGE)
+        return [summarize(e) for e in page]
+
+    async def child_page(request: Request) -> Response:
+        found = await child_of(request)
+        if found is None:
+            return missing(request, f"child {request.path_params['child_id']}")
+        record, child = found
+        lines: list[dict[str, Any]] = []
+        while True:
+            page_ = await child_log(record["id"], child.child_id, lines[-1]["seq"] if lines else 0)
+            lines.extend(page_)
+            if len(page_) < _PAGE:
+                break
+        return page(
+            request,
+            "child.html",
+            session=record,
+            child=child,
+            state=await child_state(child.child_id, record["id"]),
+            lines=[line for line in lines if line["kind"] != "message_delta"],
+            after=lines[-1]["seq"] if lines else 0,
+        )
+
+    async def child_stream(request: Request) -> Response:
+        found = await child_of(request)
+        if found is None:
+            return Response("not found", status_code=404, headers=_HEADERS)
+        record, child = found
+        after = _after(request)
+
+        async def chunks() -> AsyncIterator[str]:
+            nonlocal after
+            wake = _Wake(sessions, record["id"])
+            try:
+                yield "retry: 2000\n\n"
+                yield _sse(await child_state(child.child_id, record["id"]), event="child")
+                quiet = 0.0
+                while True:
+                    lines = await child_log(record["id"], child.child_id, after)
+                    for line in lines:
+                        after = line["seq"]
+                        if line["kind"] != "message_delta":
+                            yield _sse(line, event="line", seq=line["seq"])
+                    if lines:
+                        state = await child_state(child.child_id, record["id"])
+                        yield _sse(state, event="child", seq=after)
+                        quiet = 0.0
+                    if len(lines) == _PAGE:
+                        continue
+                    await wake.wait()
+                    quiet += POLL_SECONDS
+                    if quiet >= KEEPALIVE_SECONDS:
+                        yield ": keep-alive\n\n"
+                        quiet = 0.0
+            finally:
+                wake.close()
+
+        return _stream(chunks())
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            return Response("not found", status_code=404, headers=_HEADERS)
+        body = resources.files("a2a_orchestrator").joinpath("ui_static", name).read_bytes()
+        return Response(body, media_type=_STATIC[name], headers=_HEADERS)
+
+    return [
+        Route("/ui", sessions_page, methods=["GET"]),
+        Route("/ui/stream", sessions_stream, methods=["GET"]),
+        Route("/ui/static/{name}", static, methods=["GET"]),
+        Route("/ui/sessions/{session_id}", session_page, methods=["GET"]),
+        Route("/ui/sessions/{session_id}/stream", session_stream, methods=["GET"]),
+        Route("/ui/sessions/{session_id}/children/{child_id}", child_page, methods=["GET"]),
+        Route(
+            "/ui/sessions/{session_id}/children/{child_id}/stream", child_stream, methods=["GET"]
+        ),
+    ]
