@@ -1,0 +1,387 @@
+"""The web view (`/ui`): HTTP-level checks against a real orchestrator server,
+and a real headless Chromium driving a live session.
+
+Sessions for the HTTP checks are written straight into the orchestrator's
+SQLite store, as a CLI run sharing that store would write them: the view
+reads the store, whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from conftest import a2a_client, role_server
+from test_server import collect, user_message
+
+from a2a_orchestrator.access import Access
+from a2a_orchestrator.api import OWNER_KEY
+from a2a_orchestrator.callers import DEFAULT_CALLER
+from a2a_orchestrator.events import Done, Started, ToolCalled, event_to_dict
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.server import RunningServer
+from a2a_orchestrator.store import ChildRecord, Store
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "ui-test-token"
+HOSTILE = '<script>window.__xss = 1</script><img src="x" onerror="window.__xss = 2">'
+CHROMIUM = Path("/usr/bin/chromium")
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@asynccontextmanager
+async def orchestrator(
+    tmp_path: Path, network: Network | None = None, parent: ScriptedModel | None = None
+) -> AsyncIterator[RunningServer]:
+    model = parent or ScriptedModel([{"text": "Nothing to do.\nTASK_DONE"}])
+    async with run_orchestrator_server(
+        store_path=tmp_path / "orchestrator.db",
+        workdir=tmp_path,
+        network=network or Network.of(),
+        models=lambda name: model,
+        db=str(tmp_path / "orchestrator-tasks.db"),
+        access=Access(token=TOKEN),
+    ) as server:
+        yield server
+
+
+async def seed(path: Path, *, owner: str = DEFAULT_CALLER, text: str = HOSTILE) -> tuple[str, str]:
+    """A finished session with one child whose answer is `text`."""
+    session_id, child_id = uuid.uuid4().hex, uuid.uuid4().hex
+    store = Store(path)
+    try:
+        await store.create_session(session_id, title="seeded", metadata={OWNER_KEY: owner})
+        await store.add_child(
+            ChildRecord(
+                child_id=child_id,
+                session_id=session_id,
+                role="coder",
+                agent="coder",
+                status="completed",
+                transport="remote",
+                trace_id=uuid.uuid4().hex,
+                created_at=time.time(),
+                result=text,
+            )
+        )
+        for event in (
+            Started(role="coder"),
+            ToolCalled(call_id="1", tool="read_file", arguments={"path": "<b>x</b>.py"}),
+            Done(text=text),
+        ):
+            await store.append_event(
+                session_id, event.kind, event_to_dict(event), child_id=child_id
+            )
+    finally:
+        store.close()
+    return session_id, child_id
+
+
+async def logged_in(http: httpx.AsyncClient) -> str:
+    """Log `http` in through the form; the page's CSRF token."""
+    answer = await http.post("/ui/login", data={"token": TOKEN})
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui"
+    page = await http.get("/ui")
+    assert page.status_code == 200
+    found = re.search(r'<meta name="csrf-token" content="([0-9a-f]+)">', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+async def test_login_cookie_opens_the_view_and_the_api_but_not_the_a2a_endpoint(
+    tmp_path: Path,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            orchestrator(tmp_path) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            first = await http.get("/ui")
+            form = await http.get("/ui/login")
+            refused = await http.post("/ui/login", data={"token": "wrong"})
+            api_without = await http.get("/api/sessions")
+            login = await http.post("/ui/login", data={"token": TOKEN})
+            page = await http.get("/ui")
+            api = await http.get("/api/sessions")
+            rpc = await http.post(
+                "/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+            )
+            logout = await http.post("/ui/logout")
+            http.cookies.clear()
+            http.cookies.set("a2a_ui", "bm90LXRoZS10b2tlbg==")  # a revoked or wrong token
+            stale = await http.get("/ui")
+    assert first.status_code == 303 and first.headers["location"] == "/ui/login"
+    assert form.status_code == 200 and 'name="token"' in form.text
+    assert refused.status_code == 401 and "not accepted" in refused.text
+    assert api_without.status_code == 401
+    cookie = login.headers["set-cookie"]
+    assert cookie.startswith("a2a_ui=") and TOKEN not in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    assert page.status_code == 200 and "<h1>Sessions</h1>" in page.text
+    assert "script-src" not in page.headers["content-security-policy"]  # default-src 'self'
+    assert api.status_code == 200 and api.json() == {"sessions": []}
+    # The cookie is the browser's way into /ui and /api, never the A2A endpoint.
+    assert rpc.status_code == 401
+    assert logout.status_code == 303 and "Max-Age=0" in logout.headers["set-cookie"]
+    assert stale.status_code == 303 and stale.headers["location"] == "/ui/login"
+    assert "Max-Age=0" in stale.headers["set-cookie"]
+
+
+async def test_stop_posts_need_the_csrf_token_and_the_same_origin(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with (
+            orchestrator(tmp_path) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            session_id, child_id = await seed(tmp_path / "orchestrator.db")
+            csrf = await logged_in(http)
+            stop_all = f"/api/sessions/{session_id}/subagents/stop"
+            stop_one = f"/api/sessions/{session_id}/children/{child_id}/stop"
+            forged = await http.post(stop_all)
+            stale = await http.post(stop_all, headers={"X-CSRF-Token": "0" * 64})
+            cross = await http.post(
+                stop_all, headers={"X-CSRF-Token": csrf, "Origin": "http://evil.example"}
+            )
+            good = await http.post(stop_all, headers={"X-CSRF-Token": csrf, "Origin": server.url})
+            one = await http.post(stop_one, headers={"X-CSRF-Token": csrf})
+            unknown = await http.post(
+                f"/api/sessions/{session_id}/children/nope/stop", headers={"X-CSRF-Token": csrf}
+            )
+            # A client with its own header needs no CSRF token: no ambient credential.
+            http.cookies.clear()
+            bearer = await http.post(stop_all, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert forged.status_code == 403 and "x-csrf-token" in forged.json()["detail"]
+    assert stale.status_code == 403
+    assert cross.status_code == 403 and "cross-origin" in cross.json()["detail"]
+    assert good.status_code == 200 and good.json() == {"stopped": 0}
+    # Not held by this server: nothing here runs to stop.
+    assert one.status_code == 200 and one.json() == {"child_id": child_id, "stopped": False}
+    assert unknown.status_code == 404
+    assert bearer.status_code == 200
+
+
+async def test_child_text_is_rendered_inert_and_sessions_stay_their_callers(
+    tmp_path: Path,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            orchestrator(tmp_path) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            session_id, child_id = await seed(tmp_path / "orchestrator.db")
+            other, _ = await seed(tmp_path / "orchestrator.db", owner="someone-else")
+            await logged_in(http)
+            listing = await http.get("/ui")
+            tree = await http.get(f"/ui/sessions/{session_id}")
+            child = await http.get(f"/ui/sessions/{session_id}/children/{child_id}")
+            theirs = await http.get(f"/ui/sessions/{other}")
+            script = await http.get("/ui/static/ui.js")
+    assert session_id in listing.text and other not in listing.text
+    for page in (tree, child):
+        assert page.status_code == 200
+        assert "<script>window" not in page.text and "<img" not in page.text
+        assert "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in page.text
+    assert "<b>x</b>" not in child.text and "&lt;b&gt;x&lt;/b&gt;.py" in child.text
+    assert "calls read_file" in child.text
+    assert theirs.status_code == 404 and "coder" not in theirs.text
+    assert script.status_code == 200 and "innerHTML" not in script.text
+
+
+async def sse_events(
+    http: httpx.AsyncClient, url: str, headers: dict[str, str], count: int
+) -> list[tuple[str, str, Any]]:
+    """The first `count` events (id, name, data) of the stream at `url`."""
+    found: list[tuple[str, str, Any]] = []
+    async with http.stream("GET", url, headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        async for line in response.aiter_lines():
+            if line == "":
+                if "event" in fields:
+                    found.append((fields.get("id", ""), fields["event"], json.loads(fields["data"])))
+                    if len(found) == count:
+                        return found
+                fields = {}
+            elif not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+    return found
+
+
+async def test_streams_resume_after_the_last_event_id(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with (
+            orchestrator(tmp_path) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            session_id, child_id = await seed(tmp_path / "orchestrator.db", text="the answer")
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            url = f"/ui/sessions/{session_id}/children/{child_id}/stream"
+            everything = await sse_events(http, url, auth, 5)
+            started_seq = everything[1][0]
+            resumed = await sse_events(http, url, {**auth, "Last-Event-ID": started_seq}, 3)
+            tree = await sse_events(http, f"/ui/sessions/{session_id}/stream", auth, 1)
+    names = [name for _, name, _ in everything]
+    assert names == ["child", "line", "line", "line", "child"]
+    assert [data["kind"] for _, name, data in everything if name == "line"] == [
+        "started",
+        "tool_called",
+        "done",
+    ]
+    assert everything[0][2]["result"] == "the answer"
+    # A reconnect gets only what came after the last event it saw.
+    assert [data["kind"] for _, name, data in resumed if name == "line"] == ["tool_called", "done"]
+    (_, name, rows), *_ = tree
+    assert name == "tree" and [r["child_id"] for r in rows] == [child_id]
+    assert rows[0]["status"] == "completed" and rows[0]["last"] == 'done "the answer"'
+
+
+# -- a real browser ----------------------------------------------------------------
+
+
+def _last_user_text(messages: Sequence[Any]) -> str:
+    return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+
+
+def child_script(messages: Sequence[Any]) -> dict[str, Any]:
+    """The architect: a quick turn answering with hostile text, or a slow one."""
+    if "quick" in _last_user_text(messages):
+        return {"delay": 2, "text": f"Designed. {HOSTILE}"}
+    return {"delay": 120, "text": "too late"}
+
+
+def parent_script(messages: Sequence[Any]) -> dict[str, Any]:
+    if not any(m["role"] == "assistant" for m in messages):
+        agents = [
+            {"role": "architect", "prompt": "quick: design slugify"},
+            {"role": "architect", "prompt": "slow: design everything"},
+        ]
+        return {"tool_calls": [{"name": "agent", "arguments": {"agents": agents}}]}
+    answers = sum(1 for m in messages if m["role"] == "user" and "FINAL_ANSWER" in m["content"])
+    if answers >= 2:
+        return {"text": "Both children answered.\nTASK_DONE"}
+    return {"tool_calls": [{"name": "agent_manage", "arguments": {}}]}
+
+
+BROWSER_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's `chromium` package (/usr/bin/chromium): apt-get install chromium",
+)
+async def test_a_browser_follows_a_live_session_and_stops_a_child(tmp_path: Path) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    with anyio.fail_after(150):
+        async with AsyncExitStack() as stack:
+            architect = await stack.enter_async_context(
+                role_server(tmp_path, child_script, role="architect", db=tmp_path / "arch.db")
+            )
+            network = Network.of(AgentSpec(name="architect", role="architect", url=architect.url))
+            server = await stack.enter_async_context(
+                orchestrator(tmp_path, network, ScriptedModel(parent_script))
+            )
+            playwright = await stack.enter_async_context(async_playwright())
+            browser = await playwright.chromium.launch(
+                executable_path=str(CHROMIUM), args=BROWSER_ARGS
+            )
+            stack.push_async_callback(browser.close)
+            page = await browser.new_page(viewport={"width": 1200, "height": 640})
+            expect.set_options(timeout=30_000)
+
+            # Log in through the form; the empty sessions list opens live.
+            await page.goto(f"{server.url}/ui")
+            assert page.url.endswith("/ui/login")
+            await page.fill('input[name="token"]', TOKEN)
+            await page.click('button[type="submit"]')
+            await expect(page.locator("#no-sessions")).to_be_visible()
+            await expect(page.locator("#live")).to_have_text("live")
+            await page.evaluate("window.__loaded = true")
+
+            # A task arrives over A2A; its session shows up without a reload.
+            outcome: list[Any] = []
+
+            async def run_task() -> None:
+                async with a2a_client(server.url, token=TOKEN) as client:
+                    request = user_message("Design slugify and everything")
+                    request.message.metadata.update({MODE_KEY: "delegate"})
+                    outcome.append(await collect(client, request))
+
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            tg.start_soon(run_task)
+            row = page.locator("#sessions tbody tr")
+            await expect(row).to_have_count(1)
+            await expect(row.first).to_contain_text("running")
+            assert await page.evaluate("window.__loaded") is True
+            DOCS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(DOCS / "ui-sessions.png"))
+            session_id = await row.first.get_attribute("data-session-id")
+            assert session_id
+
+            # The session's tree: both children run; the quick one finishes
+            # on the page while it stays open.
+            await row.first.locator("a").click()
+            children = page.locator("#tree tbody tr")
+            await expect(children).to_have_count(2)
+            await page.evaluate("window.__loaded = true")
+            quick, slow = children.nth(0), children.nth(1)
+            await expect(quick.locator(".status")).to_have_text("completed")
+            await expect(slow.locator(".status")).to_have_text("running")
+            # The hostile answer is text on the page, and nothing ran.
+            await expect(quick.locator(".last")).to_contain_text("<script>window.__xss")
+            assert await page.evaluate("window.__loaded === true && window.__xss === undefined")
+            await page.screenshot(path=str(DOCS / "ui-session.png"))
+
+            # Stop the slow child from its row.
+            slow_id = await slow.get_attribute("data-child-id")
+            await slow.locator("button.stop").click()
+            await expect(slow.locator(".status")).to_have_text("failed (aborted)")
+            await expect(page.locator("#notice")).to_have_text("stopped")
+            assert await page.evaluate("window.__loaded === true")
+
+            # The child's page: its log and its result, written as text.
+            await quick.locator("a").click()
+            await expect(page.locator("#status")).to_have_text("completed")
+            await expect(page.locator("#result")).to_contain_text(HOSTILE)
+            await expect(page.locator("#log tbody tr").last).to_contain_text("done")
+            assert await page.evaluate("window.__xss === undefined")
+            await browser.close()
+
+            # The parent got both answers; the stop is in the store.
+            with anyio.fail_after(30):
+                while not outcome:
+                    await anyio.sleep(0.1)
+    _, events = outcome[0]
+    assert isinstance(events[-1], Done) and events[-1].text.endswith("TASK_DONE")
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        stopped = await store.get_child(slow_id or "")
+        controls = await store.events(session_id, child_id=slow_id, kinds=["control"])
+    finally:
+        store.close()
+    assert stopped is not None and (stopped.status, stopped.reason) == ("failed", "aborted")
+    assert [e.payload for e in controls] == [{"action": "terminate"}]
