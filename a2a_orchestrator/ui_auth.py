@@ -228,7 +228,7 @@ It is kept in an HttpOnly cookie for this site only.</p></main></body></html>
 _SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 

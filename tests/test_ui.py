@@ -9,6 +9,7 @@ reads the store, whoever wrote it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import uuid
@@ -38,7 +39,9 @@ pytestmark = pytest.mark.anyio
 TOKEN = "ui-test-token"
 HOSTILE = '<script>window.__xss = 1</script><img src="x" onerror="window.__xss = 2">'
 CHROMIUM = Path("/usr/bin/chromium")
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+# The README's screenshots: `A2A_UI_SCREENSHOTS=docs python -m pytest tests/test_ui.py`
+# writes them there; otherwise they go to the test's temporary directory.
+SHOTS = os.environ.get("A2A_UI_SCREENSHOTS", "")
 
 
 @asynccontextmanager
@@ -211,7 +214,8 @@ async def sse_events(
         async for line in response.aiter_lines():
             if line == "":
                 if "event" in fields:
-                    found.append((fields.get("id", ""), fields["event"], json.loads(fields["data"])))
+                    data = json.loads(fields["data"])
+                    found.append((fields.get("id", ""), fields["event"], data))
                     if len(found) == count:
                         return found
                 fields = {}
@@ -337,8 +341,9 @@ async def test_a_browser_follows_a_live_session_and_stops_a_child(tmp_path: Path
             await expect(row).to_have_count(1)
             await expect(row.first).to_contain_text("running")
             assert await page.evaluate("window.__loaded") is True
-            DOCS.mkdir(exist_ok=True)
-            await page.screenshot(path=str(DOCS / "ui-sessions.png"))
+            shots = Path(SHOTS) if SHOTS else tmp_path
+            shots.mkdir(exist_ok=True)
+            await page.screenshot(path=str(shots / "ui-sessions.png"))
             session_id = await row.first.get_attribute("data-session-id")
             assert session_id
 
@@ -354,7 +359,7 @@ async def test_a_browser_follows_a_live_session_and_stops_a_child(tmp_path: Path
             # The hostile answer is text on the page, and nothing ran.
             await expect(quick.locator(".last")).to_contain_text("<script>window.__xss")
             assert await page.evaluate("window.__loaded === true && window.__xss === undefined")
-            await page.screenshot(path=str(DOCS / "ui-session.png"))
+            await page.screenshot(path=str(shots / "ui-session.png"))
 
             # Stop the slow child from its row.
             slow_id = await slow.get_attribute("data-child-id")
