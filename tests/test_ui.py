@@ -142,6 +142,28 @@ async def test_login_cookie_opens_the_view_and_the_api_but_not_the_a2a_endpoint(
     assert "Max-Age=0" in stale.headers["set-cookie"]
 
 
+async def test_without_auth_the_view_is_open_and_there_is_no_login(tmp_path: Path) -> None:
+    model = ScriptedModel([{"text": "TASK_DONE"}])
+    with anyio.fail_after(30):
+        async with (
+            run_orchestrator_server(
+                store_path=tmp_path / "orchestrator.db",
+                workdir=tmp_path,
+                network=Network.of(),
+                models=lambda name: model,
+                db=str(tmp_path / "orchestrator-tasks.db"),
+            ) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            session_id, _ = await seed(tmp_path / "orchestrator.db", owner="", text="ok")
+            login = await http.get("/ui/login")
+            listing = await http.get("/ui")
+            stop = await http.post(f"/api/sessions/{session_id}/subagents/stop")
+    assert login.status_code == 303 and login.headers["location"] == "/ui"
+    assert listing.status_code == 200 and session_id in listing.text
+    assert stop.status_code == 200 and stop.json() == {"stopped": 0}
+
+
 async def test_stop_posts_need_the_csrf_token_and_the_same_origin(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with (
