@@ -8,6 +8,7 @@ child's event log and result, live over server-sent events.
     GET /ui/stream, /ui/sessions/{id}/stream,
         /ui/sessions/{id}/children/{child}/stream  the same, live (text/event-stream)
     GET /ui/static/{ui.js,ui.css}                  the page's script and style
+                                                   (public: see `ui_auth.py`)
 
 Pages are rendered on the server (jinja2, autoescaped) and kept current by a
 small script (`ui_static/ui.js`, no build step, nothing fetched from
@@ -31,7 +32,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from importlib import resources
 from typing import Any
 
 import anyio
@@ -70,7 +70,6 @@ _HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-_STATIC = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 
 _templates = jinja2.Environment(
     loader=jinja2.PackageLoader("a2a_orchestrator", "ui_templates"),
@@ -420,17 +419,9 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
 
         return _stream(chunks())
 
-    async def static(request: Request) -> Response:
-        name = request.path_params["name"]
-        if name not in _STATIC:
-            return Response("not found", status_code=404, headers=_HEADERS)
-        body = resources.files("a2a_orchestrator").joinpath("ui_static", name).read_bytes()
-        return Response(body, media_type=_STATIC[name], headers=_HEADERS)
-
     return [
         Route("/ui", sessions_page, methods=["GET"]),
         Route("/ui/stream", sessions_stream, methods=["GET"]),
-        Route("/ui/static/{name}", static, methods=["GET"]),
         Route("/ui/sessions/{session_id}", session_page, methods=["GET"]),
         Route("/ui/sessions/{session_id}/stream", session_stream, methods=["GET"]),
         Route("/ui/sessions/{session_id}/children/{child_id}", child_page, methods=["GET"]),

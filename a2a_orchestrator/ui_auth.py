@@ -16,6 +16,9 @@ which the pages embed) and, when the browser sends one, an `Origin` equal to
 the server's own; otherwise it is a 403 before anything runs. A page
 rendered before a restart carries the old key's token: reload it.
 
+The page's script and style (`/ui/static/`) are served here, before any
+check: they hold no data, and the login form needs its style too.
+
 Without auth (no `Access`) there is nothing to log in to: the login page
 redirects to the sessions list and requests pass untouched.
 """
@@ -29,6 +32,7 @@ import hmac
 import html
 import json
 import secrets
+from importlib import resources
 from urllib.parse import parse_qs
 
 import anyio
@@ -50,6 +54,8 @@ CSRF_SCOPE_KEY = "a2a_orchestrator.csrf"
 
 LOGIN_PATH = "/ui/login"
 LOGOUT_PATH = "/ui/logout"
+STATIC_PREFIX = "/ui/static/"
+_STATIC = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 _COOKIE_PATHS = ("/ui", "/api/")
 _SAFE = ("GET", "HEAD")
 _MAX_FORM = 16 * 1024
@@ -88,6 +94,9 @@ class BrowserLogin:
         if path == LOGIN_PATH:
             await self._login(scope, receive, send)
             return
+        if path.startswith(STATIC_PREFIX):
+            await _static(path.removeprefix(STATIC_PREFIX), send)
+            return
         if path == LOGOUT_PATH:
             await _redirect(send, LOGIN_PATH, cookie=_cookie(scope, "", clear=True))
             return
@@ -103,7 +112,7 @@ class BrowserLogin:
         credential = _decode(HTTPConnection(scope).cookies.get(COOKIE, ""))
         page = path.startswith("/ui") and scope["method"] in _SAFE
         if not credential:
-            if page and not path.endswith("/stream") and not path.startswith("/ui/static/"):
+            if page and not path.endswith("/stream"):
                 await _redirect(send, LOGIN_PATH)
                 return
             await self.app(scope, receive, send)  # refused there, as any request without one
@@ -164,6 +173,14 @@ class BrowserLogin:
             await _send(send, 401, "text/html; charset=utf-8", _form("That token is not accepted."))
             return
         await _redirect(send, "/ui", cookie=_cookie(scope, _encode(credential)))
+
+
+async def _static(name: str, send: Send) -> None:
+    if name not in _STATIC:
+        await _send(send, 404, "text/plain", b"not found")
+        return
+    body = resources.files("a2a_orchestrator").joinpath("ui_static", name).read_bytes()
+    await _send(send, 200, _STATIC[name], body)
 
 
 def _forgery(scope: Scope, headers: Headers, token: str) -> str:

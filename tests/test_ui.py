@@ -112,6 +112,7 @@ async def test_login_cookie_opens_the_view_and_the_api_but_not_the_a2a_endpoint(
             httpx.AsyncClient(base_url=server.url, timeout=10) as http,
         ):
             first = await http.get("/ui")
+            style = await http.get("/ui/static/ui.css")
             form = await http.get("/ui/login")
             refused = await http.post("/ui/login", data={"token": "wrong"})
             api_without = await http.get("/api/sessions")
@@ -127,6 +128,7 @@ async def test_login_cookie_opens_the_view_and_the_api_but_not_the_a2a_endpoint(
             stale = await http.get("/ui")
     assert first.status_code == 303 and first.headers["location"] == "/ui/login"
     assert form.status_code == 200 and 'name="token"' in form.text
+    assert style.status_code == 200 and style.headers["content-type"].startswith("text/css")
     assert refused.status_code == 401 and "not accepted" in refused.text
     assert api_without.status_code == 401
     cookie = login.headers["set-cookie"]
