@@ -21,6 +21,7 @@ import httpx
 from .budgets import Spend
 from .callers import add_caller
 from .control import ControlPlane
+from .conversations import CONTROL_TOOL_NAMES
 from .delegation import CANCELED_TEXT, ChildConfig
 from .errors import OrchestratorError
 from .events import (
@@ -31,7 +32,6 @@ from .events import (
     event_from_dict,
     event_to_dict,
 )
-from .executor import CONTROL_TOOL_NAMES
 from .hooks import Hooks, load_hook_file
 from .models import ModelSettings, describe_model, is_scripted, resolve_model
 from .network import AgentSpec, Network

@@ -24,8 +24,8 @@ from .control import (
     ControlPlane,
     as_tool,
 )
+from .conversations import role_conversation
 from .events import CHILD_EVENT_KINDS, ChildEvent, MessageDelta, event_from_dict, event_to_dict
-from .executor import role_conversation
 from .hooks import Hooks
 from .models.base import ChatMessage, Model
 from .roles import Role, find_role

@@ -32,7 +32,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from a2a_orchestrator.executor import role_conversation
+from a2a_orchestrator.conversations import role_conversation
 from a2a_orchestrator.hooks import CompleteInfo, Deny, SpawnInfo, load_hook_file
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import load_agent_file

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from pathlib import Path, PurePosixPath
 
 from ..budgets import PriceTable, Spend
-from ..delegation import CANCELED_TEXT, INTERRUPTED_TEXT, ChildConfig, Emit
+from ..conversations import apply_child_config, control, role_conversation, spent_in
+from ..delegation import CANCELED_TEXT, ChildConfig, Emit
 from ..errors import ConfigError, OrchestratorError
 from ..events import ChildEvent
-from ..executor import apply_child_config, role_conversation, spent_in
 from ..journal import CallJournal
 from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
@@ -109,10 +109,10 @@ class LocalRun:
         self.conversation.abort("aborted", CANCELED_TEXT)
 
     async def pause(self) -> None:
-        self.conversation.pause()
+        control(self.conversation, "pause")
 
     async def resume(self) -> None:
-        self.conversation.resume()
+        control(self.conversation, "resume")
 
     async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
         """False, nothing to do: each event reaches the parent's listeners
@@ -123,11 +123,10 @@ class LocalRun:
     async def steer(self, text: str) -> bool:
         # Decided at once in this process: the loop either will read it or
         # has passed its last step boundary (then the handle opens a turn).
-        return self.conversation.offer(text)
+        return control(self.conversation, "steer", text)
 
     async def interrupt(self) -> None:
-        self.conversation.resume()
-        self.conversation.abort("aborted", INTERRUPTED_TEXT)
+        control(self.conversation, "interrupt")
 
     async def history(self) -> list[ChatMessage]:
         return [dict(m) for m in self.conversation.messages]
