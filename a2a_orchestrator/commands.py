@@ -22,7 +22,7 @@ from .budgets import Spend
 from .callers import add_caller
 from .control import ControlPlane
 from .conversations import CONTROL_TOOL_NAMES
-from .delegation import CANCELED_TEXT, ChildConfig
+from .delegation import CANCELED_TEXT, ChildConfig, Resume
 from .errors import OrchestratorError
 from .events import (
     CHILD_EVENT_KINDS,
@@ -759,12 +759,11 @@ async def _stop_without_runner(store: Store, session_id: str) -> int:
                     url=record.url,
                     token_env=spec.token_env if spec else None,
                 )
-                run = await remote.reopen(
+                run = await remote.open(
                     target,
                     ChildConfig.from_dict(record.config),
                     child_id=record.child_id,
-                    task_id=record.a2a_task_id,
-                    context_id=record.a2a_context_id,
+                    resume=Resume(task_id=record.a2a_task_id, context_id=record.a2a_context_id),
                 )
                 await run.cancel()
                 await run.aclose()
