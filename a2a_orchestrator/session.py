@@ -409,12 +409,6 @@ class Session:
                 config=config,
             )
             config = await self.policy.apply(request)
-        if spec.remote and config.workdir is not None:
-            raise ConfigError(
-                f"child config field 'workdir': agent {spec.name!r} is remote and works in its "
-                "role server's own directory; only an in-process child can be given a "
-                "subdirectory"
-            )
         left = await self.budget_left(parent_id) if parent_id else None
         if left is not None:
             config = dataclasses.replace(config, budget=(config.budget or Budget()).narrow(left))

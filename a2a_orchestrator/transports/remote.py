@@ -896,6 +896,12 @@ class RemoteDelegate:
         agent card until it is given work; a `finished` one's next turn
         opens a new task in its context.
         """
+        if config.workdir is not None:
+            raise ConfigError(
+                f"child config field 'workdir': agent {spec.name!r} is remote and works in its "
+                "role server's own directory; only an in-process child can be given a "
+                "subdirectory"
+            )
         if resume is None:
             card = await self.card(spec)
             return RemoteRun(
