@@ -14,6 +14,7 @@ from .callers import Limits as Limits
 from .control import ControlPlane as ControlPlane
 from .delegation import ChildConfig as ChildConfig
 from .delegation import ChildHandle as ChildHandle
+from .delegation import Delegate as Delegate
 from .errors import AccessError as AccessError
 from .errors import AgentUnavailableError as AgentUnavailableError
 from .errors import ConfigError as ConfigError
@@ -75,6 +76,7 @@ from .supervisor import Supervisor as Supervisor
 from .tools import Tool as Tool
 from .tools import Workspace as Workspace
 from .tools import build_tools as build_tools
+from .transports import MemoryDelegate as MemoryDelegate
 
 __all__ = [
     "Access",
@@ -92,6 +94,7 @@ __all__ = [
     "ControlPlane",
     "Conversation",
     "CredentialError",
+    "Delegate",
     "DelegationError",
     "DelegationTimeoutError",
     "Deny",
@@ -102,6 +105,7 @@ __all__ = [
     "Issuer",
     "IssuerUnavailableError",
     "Limits",
+    "MemoryDelegate",
     "MessageDelta",
     "Model",
     "ModelError",

@@ -21,7 +21,8 @@ import httpx
 from .budgets import Spend
 from .callers import add_caller
 from .control import ControlPlane
-from .delegation import CANCELED_TEXT, ChildConfig
+from .conversations import CONTROL_TOOL_NAMES
+from .delegation import CANCELED_TEXT, ChildConfig, Resume
 from .errors import OrchestratorError
 from .events import (
     CHILD_EVENT_KINDS,
@@ -31,7 +32,6 @@ from .events import (
     event_from_dict,
     event_to_dict,
 )
-from .executor import CONTROL_TOOL_NAMES
 from .hooks import Hooks, load_hook_file
 from .models import ModelSettings, describe_model, is_scripted, resolve_model
 from .network import AgentSpec, Network
@@ -759,12 +759,11 @@ async def _stop_without_runner(store: Store, session_id: str) -> int:
                     url=record.url,
                     token_env=spec.token_env if spec else None,
                 )
-                run = await remote.reopen(
+                run = await remote.open(
                     target,
                     ChildConfig.from_dict(record.config),
                     child_id=record.child_id,
-                    task_id=record.a2a_task_id,
-                    context_id=record.a2a_context_id,
+                    resume=Resume(task_id=record.a2a_task_id, context_id=record.a2a_context_id),
                 )
                 await run.cancel()
                 await run.aclose()

@@ -58,6 +58,7 @@ from .errors import (
 from .events import ChildEvent, Done, Failed, InputRequired
 from .hooks import CompleteInfo, Hooks, SpawnInfo
 from .overrides import check_wire_overrides, offered_models
+from .records import RecordKind
 from .render import normalise, render_final_answer, truncate_to_budget
 from .roles import Role, find_role
 from .runtime import Conversation
@@ -487,7 +488,10 @@ class ControlPlane:
         stopped = await handle.terminate()
         if first:
             await self.session.store.append_event(
-                self.session.id, "control", {"action": "terminate"}, child_id=handle.child_id
+                self.session.id,
+                RecordKind.CONTROL,
+                {"action": "terminate"},
+                child_id=handle.child_id,
             )
         return stopped
 
@@ -498,7 +502,7 @@ class ControlPlane:
         reinstated = handle.reinstate()
         if reinstated:
             await self.session.store.append_event(
-                self.session.id, "control", {"action": "reinstate"}, child_id=child_id
+                self.session.id, RecordKind.CONTROL, {"action": "reinstate"}, child_id=child_id
             )
         was_paused = handle.paused
         if was_paused:
@@ -557,7 +561,7 @@ class ControlPlane:
         # survives a crash even if the inbox below never sees it.
         stored = await self.session.store.append_event(
             self.session.id,
-            "subagent_result",
+            RecordKind.SUBAGENT_RESULT,
             {
                 "child_id": handle.child_id,
                 "role": handle.role,

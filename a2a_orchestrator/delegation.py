@@ -2,11 +2,17 @@
 
     Delegate (a transport)           ChildRun (one child, transport side)
     ├── LocalDelegate   in-process   ├── LocalRun    a Conversation here
-    └── RemoteDelegate  A2A/HTTP     └── RemoteRun   an A2A task there
+    ├── RemoteDelegate  A2A/HTTP     ├── RemoteRun   an A2A task there
+    └── MemoryDelegate  a function   └── MemoryRun   a handler's replies
 
-A transport only knows how to play one turn of a child (`ChildRun.turn`),
+Every transport implements exactly `Delegate.open(spec, config, *, child_id,
+depth, resume)`; what differs between them (a local child's tools and
+journal, a remote agent's client settings) is given to the transport when
+it is made, and what only some runs have (an A2A task's identity, a budget
+kept here) is read from `ChildRun`, whose members every run has. A
+transport only knows how to play one turn of a child (`ChildRun.turn`),
 emitting child events, and how to cancel, pause and resume it. Everything a
-parent sees is in `ChildHandle`, written once for both transports: the event
+parent sees is in `ChildHandle`, written once for every transport: the event
 log and its iterators, queued follow-ups, the status, the result, and the
 sink that stores each event before anyone in memory hears of it.
 
@@ -46,9 +52,11 @@ from .budgets import Budget
 from .errors import ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from .models.base import ChatMessage
+from .records import RecordKind
 from .render import NO_TERMINAL_TEXT
 
 if TYPE_CHECKING:
+    from .network import AgentSpec
     from .selectors import Selector  # selectors imports this module
 
 __all__ = [
@@ -61,8 +69,10 @@ __all__ = [
     "Delegate",
     "Emit",
     "EventSink",
+    "IdentityListener",
     "Input",
     "Listener",
+    "Resume",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,6 +81,8 @@ ChildStatus: TypeAlias = Literal["running", "input_required", "completed", "fail
 Emit = Callable[[ChildEvent], Awaitable[None]]
 Listener = Callable[["ChildHandle", ChildEvent], Awaitable[None]]
 """Called with each new event once it is stored (relay, delivery to the parent)."""
+IdentityListener = Callable[[], Awaitable[None]]
+"""Awaited when a run's A2A identity (`task_id`, `context_id`, `message_id`) changed."""
 EventSink = Callable[["ChildHandle", "ChildEvent | Input"], Awaitable[bool]]
 """Called with each event, and each input given to the child, before the
 handle publishes or acts on it; the session stores it there. False means the
@@ -82,7 +94,7 @@ class Input:
     """Input given to a child, as its handle hands it to the sink."""
 
     text: str
-    kind: Literal["input", "steer"] = "input"
+    kind: Literal[RecordKind.INPUT, RecordKind.STEER] = RecordKind.INPUT
     """`input` opens a turn (the child runs again); `steer` was taken by the
     running turn."""
     recorded: bool = False
@@ -217,7 +229,21 @@ class ChildRun(Protocol):
         ...
 
     @property
-    def context_id(self) -> str: ...
+    def context_id(self) -> str:
+        """The A2A context id (remote; chosen when the child is opened), or ""."""
+        ...
+
+    @property
+    def message_id(self) -> str:
+        """The id of the message that opens (or opened) the child's newest A2A
+        task (remote), or ""."""
+        ...
+
+    on_identity: IdentityListener | None
+    """Set by the run's owner: awaited whenever the three ids above change
+    (a message that opens a new task, before it is sent; the task's id, once
+    the agent names it), so the owner stores them before anything depends on
+    them. A run without an A2A identity never calls it."""
 
     async def turn(self, text: str | None, emit: Emit) -> Sequence[str]:
         """Play one turn, emitting its events; the last one ends the turn.
@@ -263,16 +289,57 @@ class ChildRun(Protocol):
         """The child's conversation as chat messages (its live context)."""
         ...
 
+    async def budget_left(self) -> Budget | None:
+        """What is left of the child's budget for its own children, its
+        subtree's spend counted; None when no budget is kept here (none was
+        set, or the child runs elsewhere and its own server keeps it)."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the run holds (connections); the child itself lives on."""
         ...
 
 
-class Delegate(Protocol):
-    """A transport: opens child runs."""
+@dataclass(frozen=True, kw_only=True)
+class Resume:
+    """What the store kept of a child that is opened again (in a later
+    session, or after a crash), as `Delegate.open` gets it."""
 
-    async def open(self, config: ChildConfig, *, child_id: str) -> ChildRun:
-        """Prepare a new child; its first turn starts with `config.prompt`."""
+    entries: Sequence[str | ChildEvent] = ()
+    """Its transcript (`records.transcript_entries`): the inputs it read, and its events."""
+    last_input: str | None = None
+    """The input that opened its last turn; None when none was stored."""
+    turn_started: float | None = None
+    """When that turn started (wall clock): a continued turn keeps its deadline."""
+    task_id: str = ""
+    context_id: str = ""
+    message_id: str = ""
+    """The child's stored A2A identity (see `ChildRun`)."""
+    running: bool = True
+    """The store says a turn may still run: the transport gets ready to go on
+    with it now. False: the child is opened to be read (its result, its
+    status); its agent is contacted only once it is given work."""
+    finished: bool = False
+    """Its last turn ended done or failed."""
+
+
+class Delegate(Protocol):
+    """A transport: opens child runs (the one method every transport has)."""
+
+    async def open(
+        self,
+        spec: AgentSpec,
+        config: ChildConfig,
+        *,
+        child_id: str,
+        depth: int = 1,
+        resume: Resume | None = None,
+    ) -> ChildRun:
+        """Prepare the run of child `child_id`, playing agent `spec` as
+        `config` asks; `depth` is how deep it is in the session's tree (1: a
+        child of the top parent). A new child's first turn starts with
+        `config.prompt`; with `resume`, the child goes on from what was
+        stored (its conversation, its A2A task)."""
         ...
 
 
@@ -416,7 +483,7 @@ class ChildHandle:
             self._accepting_input()
             running = self._active
             if running and await self.run.steer(text):
-                await self._store(Input(text=text, kind="steer"))
+                await self._store(Input(text=text, kind=RecordKind.STEER))
                 return "steer"
             # A turn of its own. Refused by the running turn, it goes ahead
             # of follow-ups queued behind that turn (their rows are stored

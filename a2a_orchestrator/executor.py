@@ -19,8 +19,8 @@ A child's configuration (system prompt, a subset of the role's tools, model,
 limits, a budget, the network turned off, an explicitly shared context)
 travels in the first message's
 metadata under `CONFIG_KEY`. The request handler refuses a bad one before a
-task exists (`check_config`); `apply_child_config` applies a good one here
-and in the local transport alike.
+task exists (`check_config`); `conversations.apply_child_config` applies a
+good one here and in the local transport alike.
 
 Budgets: a context's conversation gets the role's budget narrowed by the
 caller's (`overrides.py` refuses a wider one) and is stopped by the same
@@ -41,7 +41,6 @@ rebuilt from its context's stored tasks when its caller comes back.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -55,41 +54,29 @@ from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict
 
-from .budgets import Budget, PriceTable, Spend
-from .delegation import INTERRUPTED_TEXT
+from .budgets import Budget, PriceTable
+from .conversations import control, role_conversation, spent_in
 from .errors import ConfigError, ControlError
-from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired, ToolCalled
-from .journal import CallJournal, JournalRow, ToolJournal
+from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, ToolCalled
+from .journal import JournalRow, ToolJournal
 from .models.base import ChatMessage, Model
-from .models.config import limit_model
-from .overrides import Overrides, check_wire_overrides, offered_models, parse_overrides
+from .overrides import Overrides, check_wire_overrides, offered_models
 from .roles import Role
-from .runtime import ASK_PARENT, Conversation
+from .runtime import Conversation
 from .selectors import Selector
-from .tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
+from .tools import Sandbox, Workspace
 from .transcript import rebuild_transcript
 from .wire import CONFIG_KEY, PAUSE_ON_KEY, history_entries, pause_rules_from_wire, publish
 
 __all__ = [
-    "CONTROL_TOOL_NAMES",
     "DEFAULT_MAX_MEMORY",
     "HOLD_LIMIT",
     "MAX_CONVERSATIONS",
     "RoleExecutor",
-    "apply_child_config",
     "conversation_size",
-    "role_conversation",
-    "spent_in",
 ]
 
 logger = logging.getLogger(__name__)
-
-CONTROL_TOOL_NAMES = frozenset(
-    {"agent", "agent_manage", "agent_abort", "spawn_agent", "wait_agent", "send_message"}
-    | {"supervisor"}
-)
-"""Tools a role may list that the control plane provides when the role runs
-as a parent; a bare role server does not offer them."""
 
 MAX_CONVERSATIONS = 256
 """Idle conversations kept in memory; older ones are rebuilt from the store."""
@@ -104,18 +91,6 @@ crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 
 # How long cancel and shutdown wait for a turn to publish its terminal state.
 _STOP_GRACE = 10.0
-
-
-def apply_child_config(role: Role, overrides: Mapping[str, Any] | Overrides) -> Role:
-    """The role as one child asked for it: a prompt, fewer tools, other limits.
-
-    The fields' types are checked (`ConfigError` naming the field); a child
-    may narrow the role's tools, never widen them. Nothing else is narrowed:
-    callers over A2A go through `check_wire_overrides` first.
-    """
-    if not isinstance(overrides, Overrides):
-        overrides = parse_overrides(overrides)
-    return overrides.apply(role)
 
 
 def conversation_size(conversation: Conversation) -> int:
@@ -140,80 +115,6 @@ def _message_size(message: ChatMessage) -> int:
     return size
 
 
-def role_conversation(
-    role: Role,
-    model: Model,
-    workspace: Workspace,
-    *,
-    extra_tools: Mapping[str, Tool] | None = None,
-    messages: Sequence[ChatMessage] | None = None,
-    command_timeout: float | None = None,
-    journal: CallJournal | None = None,
-    sandbox: Sandbox | None = None,
-    prices: PriceTable | None = None,
-    spent: Spend | None = None,
-    turn_spent: Spend | None = None,
-    spent_below: Callable[[], Awaitable[Spend]] | None = None,
-) -> Conversation:
-    """A conversation with exactly the tools the role lists, within the role's budget.
-
-    `sandbox` is the operator's policy for `run_command` (default:
-    `Sandbox.from_env()`), with the network allowed too when the role file
-    says `sandbox_network: true`, and never when the child's config turned it
-    off (`Role.no_network`). Raises `ConfigError` when the role lists
-    `run_command` and that sandbox cannot be had on this machine, or when it
-    has a cost budget and `prices` has no price for its model. `spent`,
-    `turn_spent` and `spent_below` go to the `Conversation`.
-    """
-    extra = dict(extra_tools or {})
-    unknown = [
-        name
-        for name in role.tools
-        if name not in TOOL_NAMES
-        and name != ASK_PARENT
-        and name not in extra
-        and name not in CONTROL_TOOL_NAMES
-    ]
-    if unknown:
-        where = f" ({role.source})" if role.source else ""
-        known = ", ".join([*TOOL_NAMES, ASK_PARENT, *sorted(CONTROL_TOOL_NAMES)])
-        raise ConfigError(
-            f"role {role.name!r}{where} lists unknown tools {unknown}; known tools: {known}"
-        )
-    policy = None
-    if "run_command" in role.tools:
-        policy = (sandbox if sandbox is not None else Sandbox.from_env()).allowing_network(
-            role.sandbox_network
-        )
-        if role.no_network:
-            policy = dataclasses.replace(policy, network=False)
-    tools = build_tools(
-        [name for name in role.tools if name in TOOL_NAMES],
-        workspace,
-        command_timeout=command_timeout or min(role.timeout, 600.0),
-        sandbox=policy,
-    )
-    tools += [extra[name] for name in role.tools if name in extra]
-    price = prices.price(model.name) if prices is not None else None
-    return Conversation(
-        # The role file's model_timeout / model_retries, where it sets them.
-        model=limit_model(model, timeout=role.model_timeout, retries=role.model_retries),
-        system_prompt=role.prompt,
-        tools=tools,
-        ask_parent=ASK_PARENT in role.tools,
-        max_turns=role.max_turns,
-        timeout=role.timeout,
-        role=role.name,
-        messages=messages,
-        journal=journal,
-        budget=role.budget,
-        price=price,
-        spent=spent,
-        turn_spent=turn_spent,
-        spent_below=spent_below,
-    )
-
-
 def _restore_lost_calls(
     per_task: list[list[str | ChildEvent]], calls: Sequence[JournalRow]
 ) -> None:
@@ -233,23 +134,6 @@ def _restore_lost_calls(
             entries[-1:-1] = restored
             return
     per_task[-1].extend(restored)
-
-
-def spent_in(entries: Sequence[str | ChildEvent]) -> tuple[Spend, Spend]:
-    """What a child's stored transcript says it spent: (its finished turns',
-    the turn in progress at its end). A finished turn's spend is on the event
-    that ended it; a turn a crash cut has only its steps' spend."""
-    finished = Spend()
-    running = Spend()
-    for entry in entries:
-        if isinstance(entry, Done | Failed | InputRequired):
-            finished = finished + entry.spent
-            running = Spend()
-        elif not isinstance(entry, str):
-            step = getattr(entry, "spent", None)
-            if step is not None:
-                running = running + step
-    return finished, running
 
 
 class _OwnSaveFilter(logging.Filter):
@@ -634,18 +518,7 @@ class RoleExecutor(AgentExecutor):
         conversation = self.conversation(task_id)
         if conversation is None:
             return False
-        if action == "pause":
-            conversation.pause()
-        elif action == "resume":
-            conversation.resume()
-        elif action == "interrupt":
-            conversation.resume()
-            conversation.abort("aborted", INTERRUPTED_TEXT)
-        elif action == "steer":
-            return conversation.offer(text)
-        else:
-            raise ValueError(f"unknown control action {action!r}")
-        return True
+        return control(conversation, action, text)
 
     async def shutdown(self) -> None:
         """End every running turn as failed (reason `lost`) before the server stops."""

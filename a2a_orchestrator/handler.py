@@ -69,6 +69,7 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict
 
+from .conversations import CONTROL_ACTIONS
 from .errors import ConfigError, ControlError
 from .executor import RoleExecutor
 from .quotas import Quotas
@@ -82,9 +83,7 @@ from .wire import (
     pause_rules_from_wire,
 )
 
-__all__ = ["CONTROL_ACTIONS", "RoleRequestHandler"]
-
-CONTROL_ACTIONS = ("pause", "resume", "interrupt", "steer", "pause_on")
+__all__ = ["RoleRequestHandler"]
 
 
 def _metadata(message: Message) -> dict[str, Any]:

@@ -114,6 +114,11 @@ class AgentSpec:
         """True when the agent is reached over A2A HTTP, False when in-process."""
         return self.url is not None
 
+    @property
+    def transport(self) -> str:
+        """The transport that reaches it: `remote` (A2A HTTP) or `local` (in-process)."""
+        return "remote" if self.url is not None else "local"
+
     def token(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The bearer token from `environ[token_env]`; `None` if unset or empty."""
         if self.token_env is None:

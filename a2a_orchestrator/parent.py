@@ -24,10 +24,11 @@ from .control import (
     ControlPlane,
     as_tool,
 )
-from .events import CHILD_EVENT_KINDS, ChildEvent, MessageDelta, event_from_dict, event_to_dict
-from .executor import role_conversation
+from .conversations import role_conversation
+from .events import ChildEvent, MessageDelta, event_to_dict
 from .hooks import Hooks
 from .models.base import ChatMessage, Model
+from .records import RecordKind, transcript_entries
 from .roles import Role, find_role
 from .runtime import Conversation, Emit
 from .session import Session
@@ -201,16 +202,8 @@ class ParentAgent:
         another process, a restart): its inputs, events and children's results."""
         role = kwargs.pop("role", "orchestrator")
         the_role = find_role(role) if isinstance(role, str) else role
-        entries: list[str | ChildEvent] = []
-        for item in await session.store.events(session.id):
-            if item.child_id is not None:
-                continue
-            if item.kind == "inject" and item.payload.get("as_turn"):
-                continue  # the turn it started stored it as that turn's input
-            if item.kind in ("input", "subagent_result", "inject"):
-                entries.append(str(item.payload.get("text", "")))
-            elif item.kind in CHILD_EVENT_KINDS:
-                entries.append(event_from_dict(item.payload))
+        stored = await session.store.events(session.id)
+        entries = transcript_entries(item for item in stored if item.child_id is None)
         fresh = cls(session, model, role=the_role, **kwargs)
         # Stored subscriptions act from now on, not from the first tool call.
         await fresh.supervisor.load()
@@ -229,7 +222,7 @@ class ParentAgent:
         if not self.supervisor.loaded:
             await self.supervisor.load()
         if text is not None:
-            await store.append_event(self.session.id, "input", {"text": text})
+            await store.append_event(self.session.id, RecordKind.INPUT, {"text": text})
 
         async def record(event: ChildEvent) -> None:
             if not isinstance(event, MessageDelta):

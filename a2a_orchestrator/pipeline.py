@@ -37,6 +37,7 @@ from .delegation import ChildConfig, ChildHandle
 from .errors import OrchestratorError
 from .events import Done, Failed, InputRequired
 from .models.base import Usage
+from .records import RecordKind
 from .session import Session
 
 __all__ = [
@@ -393,7 +394,7 @@ class Pipeline:
             # follow-up per round): fewer stored means this one never got there.
             given = sum(1 for step in self._steps[: index + 1] if step["child_id"] == child_id)
             stored = await self.session.store.events(self.session.id, child_id=child_id)
-            if sum(1 for event in stored if event.kind == "input") < given:
+            if sum(1 for event in stored if event.kind == RecordKind.INPUT) < given:
                 await handle.send(prompt)
         return handle
 

@@ -32,6 +32,7 @@ from .delegation import ChildHandle
 from .errors import ConfigError, ControlError
 from .events import ChildEvent
 from .lookup import toml_tables
+from .records import RecordKind
 from .selectors import Selector, event_context, render_inject
 
 __all__ = ["REACTION_SIGNALS", "Reaction", "Reactions", "load_reactions"]
@@ -124,14 +125,14 @@ class Reactions:
                 logger.warning("%s: %s", rule.name or "reaction", exc)
                 await session.store.append_event(
                     session.id,
-                    "inject_failed",
+                    RecordKind.INJECT_FAILED,
                     {"reaction": rule.name, "error": str(exc), "from_child": handle.child_id},
                     child_id=self.plane.parent_id or None,
                 )
                 return
             await session.store.append_event(
                 session.id,
-                "inject",
+                RecordKind.INJECT,
                 {"text": text, "reaction": True, "from_child": handle.child_id},
                 child_id=self.plane.parent_id or None,
             )
@@ -157,7 +158,7 @@ class Reactions:
             await actions[str(rule.signal)]()
         await session.store.append_event(
             session.id,
-            "control",
+            RecordKind.CONTROL,
             {"action": rule.signal, "reaction": True},
             child_id=handle.child_id,
         )

@@ -58,10 +58,11 @@ from ._version import __version__ as VERSION
 from .access import Access
 from .budgets import PriceTable
 from .callers import Limits
+from .conversations import CONTROL_ACTIONS
 from .errors import ConfigError
 from .events import new_uuid
 from .executor import DEFAULT_MAX_MEMORY, HOLD_LIMIT, RoleExecutor
-from .handler import CONTROL_ACTIONS, RoleRequestHandler
+from .handler import RoleRequestHandler
 from .journal import ToolJournal
 from .middleware import (
     DEFAULT_BODY_TIMEOUT,

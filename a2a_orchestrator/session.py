@@ -1,7 +1,8 @@
 """`Session`: a parent's children, over the one delegation interface.
 
 A session resolves each child through the network (remote or in-process),
-opens it on the matching transport, records it in the store, and runs its
+opens it on the delegate of the agent's transport (`Delegate.open`, the
+same call for every transport), records it in the store, and runs its
 pump in the session's task group. Every child event is stored (with the
 child's new status, in one transaction) before the handle publishes it.
 
@@ -44,23 +45,33 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .budgets import Budget, PriceTable, Spend
-from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus, Input, Listener
+from .delegation import (
+    ChildConfig,
+    ChildHandle,
+    ChildRun,
+    ChildStatus,
+    Delegate,
+    IdentityListener,
+    Input,
+    Listener,
+    Resume,
+)
 from .errors import ConfigError
 from .events import (
-    CHILD_EVENT_KINDS,
     ChildEvent,
     Done,
     Failed,
     InputRequired,
     MessageDelta,
-    event_from_dict,
     event_to_dict,
 )
 from .models.base import Model
 from .models.config import ModelSettings, resolve_model
 from .network import AgentSpec, Network
 from .policy import Policy, SpawnPolicy, SpawnRequest
+from .records import RecordKind, transcript_entries
 from .runner import Runner
+from .runtime import Conversation
 from .store import ChildRecord, Store
 from .tools import Sandbox, Tool, Workspace
 from .tools.sandbox import store_paths
@@ -92,6 +103,7 @@ class Session:
         parent_model: str | None = None,
         title: str = "",
         remote: RemoteDelegate | None = None,
+        delegates: Mapping[str, Delegate] | None = None,
         lost_after: float = 30.0,
         idle_probe: float = 15.0,
         sandbox: Sandbox | None = None,
@@ -100,6 +112,10 @@ class Session:
     ) -> None:
         """`lost_after` and `idle_probe` configure the session's own
         `RemoteDelegate` (see there); a given `remote` keeps its own.
+        `delegates`: transports by the agent transport they serve (`local`:
+        agents without a URL, `remote`: agents with one), in place of the
+        session's own; `{"local": MemoryDelegate(handler)}` plays every
+        in-process agent with a function.
         `sandbox`: where local children's commands run (default:
         `Sandbox.from_env()`); the store is hidden from them. `policy`: the
         spawn policy (a `SpawnPolicy`, or one rule). `prices`: the price
@@ -124,8 +140,16 @@ class Session:
             parent_model=parent_model,
             sandbox=self.sandbox,
             prices=self.prices,
+            journal=store.journal,
+            child_tools=self._child_tools,
+            spent_below=self._spent_below,
+            on_conversation=self._bind_nested,
         )
         self._remote = remote
+        self._delegates: dict[str, Delegate] = {"local": self.local}
+        if remote is not None:
+            self._delegates["remote"] = remote
+        self._delegates.update(delegates or {})
         self._lost_after = lost_after
         self._idle_probe = idle_probe
         self._children: dict[str, ChildHandle] = {}
@@ -158,10 +182,11 @@ class Session:
         if self.store.path.parent.name == ".a2a":
             await anyio.to_thread.run_sync(keep_out_of_git, self.store.path.parent)
         await self.store.create_session(self.id, title=self.title)
-        if self._remote is None:
+        if "remote" not in self._delegates:
             self._remote = await self._stack.enter_async_context(
                 _closing(RemoteDelegate(lost_after=self._lost_after, idle_probe=self._idle_probe))
             )
+            self._delegates["remote"] = self._remote
         await self._runner.register()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._state = _State.OPENED
@@ -195,9 +220,17 @@ class Session:
 
     @property
     def remote(self) -> RemoteDelegate:
+        """The A2A transport: the one given, or the session's own once open."""
         if self._remote is None:
-            raise RuntimeError("the session is not open")
+            raise RuntimeError(
+                "the session has no RemoteDelegate (it is not open, or was given another)"
+            )
         return self._remote
+
+    @property
+    def delegates(self) -> Mapping[str, Delegate]:
+        """The transports children are opened on, by agent transport."""
+        return dict(self._delegates)
 
     # -- stopping -------------------------------------------------------------------
 
@@ -247,6 +280,11 @@ class Session:
         if child_id in self._children:
             raise ConfigError(f"child id {child_id!r} is taken")
         config = await self._narrowed(config, spec, parent_id)
+        run = await self._delegate(spec).open(spec, config, child_id=child_id, depth=depth)
+        # Identity before I/O: a remote task's context id and opening message
+        # id, chosen when the run was opened, are stored with the row before
+        # the first turn sends anything, so a crash at any point after leaves
+        # what recovery needs to find the task again.
         record = ChildRecord(
             child_id=child_id,
             session_id=self.id,
@@ -256,42 +294,15 @@ class Session:
             role=spec.role,
             model=config.model or "",
             status="running",
-            transport="remote" if spec.remote else "local",
+            transport=spec.transport,
             url=spec.url or "",
             trace_id=self.trace_id,
             config=config.to_dict(),
             depth=depth,
             created_at=time.time(),
+            a2a_context_id=run.context_id,
+            a2a_message_id=run.message_id,
         )
-        run: ChildRun
-        if spec.remote:
-            # Identity before I/O: the task's context id and its opening
-            # message id are chosen here and stored with the row (below)
-            # before the first turn sends anything, so a crash at any point
-            # after leaves what recovery needs to find the task again.
-            record = dataclasses.replace(
-                record, a2a_context_id=uuidlib.uuid4().hex, a2a_message_id=uuidlib.uuid4().hex
-            )
-            run = await self.remote.open(
-                spec,
-                config,
-                child_id=child_id,
-                context_id=record.a2a_context_id,
-                message_id=record.a2a_message_id,
-                on_attached=self._attached(child_id),
-                on_opening=self._opening(child_id),
-            )
-        else:
-            extra = self.child_tools(child_id, depth) if self.child_tools else None
-            run = await self.local.open(
-                spec,
-                config,
-                child_id=child_id,
-                extra_tools=extra,
-                journal=self.store.journal.scoped(child_id),
-                spent_below=self._spent_below(child_id),
-            )
-            self._bind_nested(child_id, run)
         await self.store.add_child(record)
         handle = self._hold(record, spec, run)
         await handle.send(config.prompt)
@@ -359,10 +370,13 @@ class Session:
         for listener in list(self._settle_listeners):
             listener(handle)
 
-    def _bind_nested(self, child_id: str, run: ChildRun) -> None:
+    def _child_tools(self, child_id: str, depth: int) -> Mapping[str, Tool]:
+        return self.child_tools(child_id, depth) if self.child_tools is not None else {}
+
+    def _bind_nested(self, child_id: str, conversation: Conversation) -> None:
         plane = self.nested_planes.get(child_id)
         if plane is not None:
-            plane.inbox = getattr(run, "conversation", None)
+            plane.inbox = conversation
 
     async def _relay(self, handle: ChildHandle, event: ChildEvent) -> None:
         for listener in list(self._listeners):
@@ -395,12 +409,6 @@ class Session:
                 config=config,
             )
             config = await self.policy.apply(request)
-        if spec.remote and config.workdir is not None:
-            raise ConfigError(
-                f"child config field 'workdir': agent {spec.name!r} is remote and works in its "
-                "role server's own directory; only an in-process child can be given a "
-                "subdirectory"
-            )
         left = await self.budget_left(parent_id) if parent_id else None
         if left is not None:
             config = dataclasses.replace(config, budget=(config.budget or Budget()).narrow(left))
@@ -410,30 +418,27 @@ class Session:
         """What is left of a local child's budget for its own children (None:
         it has none, or is not a local child held here)."""
         handle = self._children.get(child_id)
-        conversation = getattr(handle.run, "conversation", None) if handle else None
-        budget = getattr(conversation, "budget", None)
-        if conversation is None or budget is None:
-            return None
-        below = await self._spent_below(child_id)()
-        spent = conversation.spent_now() + dataclasses.replace(below, seconds=0.0)
-        return budget.left(spent)
+        return await handle.run.budget_left() if handle is not None else None
 
-    def _spent_below(self, child_id: str) -> Callable[[], Coroutine[Any, Any, Spend]]:
-        async def below() -> Spend:
-            return await self.store.descendants_usage(self.id, child_id)
-
-        return below
+    async def _spent_below(self, child_id: str) -> Spend:
+        """What a child's own children (its whole subtree below it) spent."""
+        return await self.store.descendants_usage(self.id, child_id)
 
     # -- internals ----------------------------------------------------------------
 
+    def _delegate(self, spec: AgentSpec) -> Delegate:
+        return self._delegates[spec.transport]
+
     def _spec_for(self, record: ChildRecord) -> AgentSpec:
+        """The agent a stored child was opened on, as its row says (its
+        token's variable from the network's agent of that name)."""
         known = self.network.agents.get(record.agent)
-        if record.transport == "remote":
-            token_env = known.token_env if known is not None else None
-            return AgentSpec(
-                name=record.agent, role=record.role, url=record.url, token_env=token_env
-            )
-        return AgentSpec(name=record.agent or record.role, role=record.role)
+        return AgentSpec(
+            name=record.agent or record.role,
+            role=record.role,
+            url=record.url or None,
+            token_env=known.token_env if known is not None else None,
+        )
 
     async def _reopen(self, record: ChildRecord, *, resume: bool) -> ChildHandle:
         # Reopening awaits (the store, a remote card): callers racing for the
@@ -454,65 +459,39 @@ class Session:
     async def _open_again(self, record: ChildRecord, *, resume: bool) -> ChildHandle:
         tg = self._opened()
         stored = await self.store.events(self.id, child_id=record.child_id)
-        entries: list[str | ChildEvent] = []
-        history: list[ChildEvent] = []
+        entries = transcript_entries(stored)
+        history = [entry for entry in entries if not isinstance(entry, str)]
         terminated = False
+        last_input = None
         for item in stored:
-            if item.kind in _INPUT_KINDS:
-                entries.append(str(item.payload.get("text", "")))
-            elif item.kind in CHILD_EVENT_KINDS:
-                event = event_from_dict(item.payload)
-                entries.append(event)
-                history.append(event)
-            elif item.kind == "control" and item.payload.get("action") in _FINALITY:
+            if item.kind == RecordKind.INPUT:
+                last_input = item
+            elif item.kind == RecordKind.CONTROL and item.payload.get("action") in _FINALITY:
                 # A stop is final across restarts: the last terminate or
                 # reinstate recorded decides whether the child takes input.
                 terminated = item.payload["action"] == "terminate"
-            # Other rows (pauses, injections) are records, not transcript.
+        kept = Resume(
+            entries=entries,
+            # The last input opened the turn a crash interrupted: sent again
+            # if a remote agent never got it, and its time starts the turn's
+            # deadline.
+            last_input=str(last_input.payload.get("text", "")) if last_input else None,
+            turn_started=last_input.created_at if last_input else record.created_at,
+            task_id=record.a2a_task_id,
+            context_id=record.a2a_context_id,
+            message_id=record.a2a_message_id,
+            # A child that is not resuming is answered from the store (its
+            # result, its status): a remote agent is contacted only when it
+            # is given work, so a finished child stays readable while its
+            # server is down.
+            running=resume,
+            finished=record.status in ("completed", "failed"),
+        )
         config = ChildConfig.from_dict(record.config)
         spec = self._spec_for(record)
-        run: ChildRun
-        if record.transport == "remote":
-            inputs = [item for item in stored if item.kind == "input"]
-            run = await self.remote.reopen(
-                spec,
-                config,
-                child_id=record.child_id,
-                # The last input opened the turn a crash interrupted: sent
-                # again if the agent never got it, and its time starts the
-                # turn's deadline.
-                entries=[str(item.payload.get("text", "")) for item in inputs[-1:]],
-                task_id=record.a2a_task_id,
-                context_id=record.a2a_context_id,
-                message_id=record.a2a_message_id,
-                turn_started=inputs[-1].created_at if inputs else record.created_at,
-                on_attached=self._attached(record.child_id),
-                on_opening=self._opening(record.child_id),
-                # A child that is not resuming is answered from the store
-                # (its result, its status): its agent is contacted only when
-                # it is given work, so a finished child stays readable while
-                # its server is down.
-                connect=resume,
-                finished=record.status in ("completed", "failed"),
-            )
-        else:
-            extra = self.child_tools(record.child_id, record.depth) if self.child_tools else None
-            journal = self.store.journal
-            # At most once: what the crashed runner's calls left running is
-            # ended before anything resumes, and those calls are answered as
-            # interrupted instead of being run again.
-            await journal.recover(record.child_id)
-            run = await self.local.reopen(
-                spec,
-                config,
-                child_id=record.child_id,
-                entries=entries,
-                extra_tools=extra,
-                journal=journal.scoped(record.child_id),
-                interrupted=await journal.interrupted(record.child_id),
-                spent_below=self._spent_below(record.child_id),
-            )
-            self._bind_nested(record.child_id, run)
+        run = await self._delegate(spec).open(
+            spec, config, child_id=record.child_id, depth=record.depth, resume=kept
+        )
         handle = self._hold(record, spec, run, history)
         handle.terminated = terminated
         if resume and not handle.settled:
@@ -547,23 +526,24 @@ class Session:
             on_event=self._relay,
             on_settled=self._settled,
         )
+        run.on_identity = self._identified(record.child_id, run)
         self._children[record.child_id] = handle
         return handle
 
-    def _attached(self, child_id: str) -> Callable[[str, str], Any]:
-        async def attached(task_id: str, context_id: str) -> None:
-            await self.store.update_child(child_id, a2a_task_id=task_id, a2a_context_id=context_id)
+    def _identified(self, child_id: str, run: ChildRun) -> IdentityListener:
+        async def identified() -> None:
+            # Stored before anything depends on it: a follow-up that opens a
+            # new task in the child's context has its message id stored (and
+            # the old task's id cleared) before it is sent, so recovery looks
+            # for the new task, not the old one; a task's id once it is named.
+            await self.store.update_child(
+                child_id,
+                a2a_task_id=run.task_id,
+                a2a_context_id=run.context_id,
+                a2a_message_id=run.message_id,
+            )
 
-        return attached
-
-    def _opening(self, child_id: str) -> Callable[[str], Any]:
-        async def opening(message_id: str) -> None:
-            # A follow-up that opens a new task in the child's context: its
-            # message id is stored before it is sent, and the old task's id
-            # cleared, so recovery looks for the new task, not the old one.
-            await self.store.update_child(child_id, a2a_task_id="", a2a_message_id=message_id)
-
-        return opening
+        return identified
 
     async def _sink(self, handle: ChildHandle, item: ChildEvent | Input) -> bool:
         if isinstance(item, Input):
@@ -611,10 +591,6 @@ def keep_out_of_git(state: Path) -> None:
 
 
 _STATUSES = ("running", "input_required", "completed", "failed")
-# Stored entries that were input to a child's conversation: its prompt and
-# follow-ups, steering messages, and (for a child that is itself a parent)
-# the results of its own children.
-_INPUT_KINDS = ("input", "steer", "subagent_result")
 # Control rows that make a child's stop final, or lift it.
 _FINALITY = ("terminate", "reinstate")
 

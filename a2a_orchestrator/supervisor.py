@@ -41,6 +41,7 @@ from .control import ControlPlane, as_tool
 from .delegation import ChildHandle
 from .errors import ControlError, UnknownChildError
 from .events import ChildEvent, new_uuid
+from .records import RecordKind
 from .selectors import EVENT_KINDS, Selector, event_context, render_inject
 from .tools import Tool
 from .view import describe_event
@@ -287,7 +288,7 @@ class Supervisor:
 
     async def _record(self, handle: ChildHandle, action: str) -> None:
         await self.session.store.append_event(
-            self.session.id, "control", {"action": action}, child_id=handle.child_id
+            self.session.id, RecordKind.CONTROL, {"action": action}, child_id=handle.child_id
         )
 
     def _applies(self, subscription: Subscription, handle: ChildHandle) -> bool:
@@ -368,7 +369,7 @@ class Supervisor:
         a parent turn, whose input row records it in the transcript already."""
         await self.session.store.append_event(
             self.session.id,
-            "inject",
+            RecordKind.INJECT,
             {
                 "text": text,
                 "subscription": subscription,

@@ -20,10 +20,10 @@ from conftest import role_server
 
 from a2a_orchestrator.budgets import Budget
 from a2a_orchestrator.control import ControlPlane
+from a2a_orchestrator.conversations import apply_child_config
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import ConfigError, SpawnRefusedError
 from a2a_orchestrator.events import Done, ToolResult
-from a2a_orchestrator.executor import apply_child_config
 from a2a_orchestrator.hooks import Deny
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network

@@ -32,7 +32,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from a2a_orchestrator.executor import role_conversation
+from a2a_orchestrator.conversations import role_conversation
 from a2a_orchestrator.hooks import CompleteInfo, Deny, SpawnInfo, load_hook_file
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import load_agent_file
@@ -72,6 +72,7 @@ def one_block(language: str, marker: str) -> str:
 PYTHON = {
     "client": "A2ACardResolver",
     "session": "session.spawn_child(",
+    "memory": "MemoryDelegate(architect)",
     "budgets": "SpawnPolicy([read_only_reviewer])",
 }
 TOML = {
@@ -177,6 +178,11 @@ def test_the_session_example_runs_in_process_and_remote(coder: str, tmp_path: Pa
     assert all("completed" in line for line in lines)
     where = lines[0].split()[3]
     assert where.startswith("http://127.0.0.1:") if coder == "remote" else where == "in-process"
+
+
+def test_the_memory_delegate_example_answers_without_a_model(tmp_path: Path) -> None:
+    code = one_block("python", PYTHON["memory"])
+    assert run_example(code, tmp_path) == "design for: a --verbose flag\n"
 
 
 def session_of(workdir: Path) -> list[str]:

@@ -29,9 +29,9 @@ from a2a.helpers import new_text_message
 from a2a.types import Role, SendMessageRequest
 from conftest import a2a_client, role_server
 
+from a2a_orchestrator.conversations import role_conversation
 from a2a_orchestrator.errors import ConfigError, ToolError
 from a2a_orchestrator.events import ChildEvent, ToolResult
-from a2a_orchestrator.executor import role_conversation
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.procs import marked_processes, start_ticks

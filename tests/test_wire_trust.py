@@ -26,9 +26,9 @@ from conftest import a2a_client
 
 from a2a_orchestrator.cli import build_parser
 from a2a_orchestrator.commands import _server_limits
+from a2a_orchestrator.conversations import apply_child_config
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import ConfigError
-from a2a_orchestrator.executor import apply_child_config
 from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
 from a2a_orchestrator.models.base import ChatMessage, Model
 from a2a_orchestrator.network import AgentSpec

@@ -1,9 +1,24 @@
-"""The two transports of the delegation interface."""
+"""The transports of the delegation interface: each one a `Delegate`."""
 
+from ..delegation import Delegate
 from .local import LocalDelegate as LocalDelegate
 from .local import LocalRun as LocalRun
+from .memory import MemoryDelegate as MemoryDelegate
+from .memory import MemoryRun as MemoryRun
 from .remote import RemoteDelegate as RemoteDelegate
 from .remote import RemoteRun as RemoteRun
 from .remote import translate_error as translate_error
 
-__all__ = ["LocalDelegate", "LocalRun", "RemoteDelegate", "RemoteRun", "translate_error"]
+__all__ = [
+    "LocalDelegate",
+    "LocalRun",
+    "MemoryDelegate",
+    "MemoryRun",
+    "RemoteDelegate",
+    "RemoteRun",
+    "translate_error",
+]
+
+# Checked by mypy: every transport implements `Delegate` exactly, and the
+# runs it opens implement `ChildRun`.
+_DELEGATES: tuple[type[Delegate], ...] = (LocalDelegate, RemoteDelegate, MemoryDelegate)

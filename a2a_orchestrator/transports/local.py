@@ -1,9 +1,11 @@
 """The in-process transport: a child's conversation runs in this process.
 
-The same role files, tools, runtime and child-config rules as a role server,
-without HTTP; events come straight from the runtime. A child's budget is
-kept by the same runtime code as on a role server; a child whose config names
-a `workdir` works in that subdirectory of the session's work directory.
+The same role files, tools, runtime and child-config rules as a role server
+(`conversations.py`), without HTTP; events come straight from the runtime. A
+child's budget is kept by the same runtime code as on a role server; a child
+whose config names a `workdir` works in that subdirectory of the session's
+work directory. What the owner adds per child (its own control tools, the
+tool journal, its subtree's spend) reaches the delegate when it is made.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import math
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from ..budgets import PriceTable, Spend
-from ..delegation import CANCELED_TEXT, INTERRUPTED_TEXT, ChildConfig, Emit
+from ..budgets import Budget, PriceTable, Spend
+from ..conversations import apply_child_config, control, role_conversation, spent_in
+from ..delegation import CANCELED_TEXT, ChildConfig, Emit, IdentityListener, Resume
 from ..errors import ConfigError, OrchestratorError
 from ..events import ChildEvent
-from ..executor import apply_child_config, role_conversation, spent_in
-from ..journal import CallJournal
+from ..journal import CallJournal, ToolJournal
 from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
 from ..roles import find_role
@@ -31,6 +33,8 @@ from ..transcript import rebuild_transcript
 __all__ = ["LocalDelegate", "LocalRun", "check_sandbox", "narrow_workspace", "pick_model"]
 
 SpentBelow = Callable[[], Awaitable[Spend]]
+ChildTools = Callable[[str, int], Mapping[str, Tool]]
+"""Tools a child gets besides its role's, by child id and depth."""
 
 
 def narrow_workspace(workspace: Workspace, subdir: str) -> Workspace:
@@ -90,9 +94,12 @@ class LocalRun:
     transport = "local"
     task_id = ""
     context_id = ""
+    message_id = ""
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(self, conversation: Conversation, spent_below: SpentBelow | None = None) -> None:
         self.conversation = conversation
+        self._spent_below = spent_below
+        self.on_identity: IdentityListener | None = None
 
     @property
     def model(self) -> str:
@@ -109,10 +116,10 @@ class LocalRun:
         self.conversation.abort("aborted", CANCELED_TEXT)
 
     async def pause(self) -> None:
-        self.conversation.pause()
+        control(self.conversation, "pause")
 
     async def resume(self) -> None:
-        self.conversation.resume()
+        control(self.conversation, "resume")
 
     async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
         """False, nothing to do: each event reaches the parent's listeners
@@ -123,14 +130,22 @@ class LocalRun:
     async def steer(self, text: str) -> bool:
         # Decided at once in this process: the loop either will read it or
         # has passed its last step boundary (then the handle opens a turn).
-        return self.conversation.offer(text)
+        return control(self.conversation, "steer", text)
 
     async def interrupt(self) -> None:
-        self.conversation.resume()
-        self.conversation.abort("aborted", INTERRUPTED_TEXT)
+        control(self.conversation, "interrupt")
 
     async def history(self) -> list[ChatMessage]:
         return [dict(m) for m in self.conversation.messages]
+
+    async def budget_left(self) -> Budget | None:
+        budget = self.conversation.budget
+        if budget is None:
+            return None
+        below = await self._spent_below() if self._spent_below is not None else Spend()
+        # The children's time is their own: wall time is not summed over a subtree.
+        spent = self.conversation.spent_now() + dataclasses.replace(below, seconds=0.0)
+        return budget.left(spent)
 
     async def aclose(self) -> None:
         self.conversation.abort("lost", "the orchestrator stopped while this child ran")
@@ -149,9 +164,20 @@ class LocalDelegate:
         cwd: Path | None = None,
         sandbox: Sandbox | None = None,
         prices: PriceTable | None = None,
+        journal: ToolJournal | None = None,
+        child_tools: ChildTools | None = None,
+        spent_below: Callable[[str], Awaitable[Spend]] | None = None,
+        on_conversation: Callable[[str, Conversation], None] | None = None,
     ) -> None:
         """`sandbox`: where the children's commands run (default:
-        `Sandbox.from_env()`); `prices`: the operator's price table."""
+        `Sandbox.from_env()`); `prices`: the operator's price table.
+        `journal` records the children's tool calls' starts, so each runs at
+        most once across crashes; `child_tools` gives a child tools of its
+        own (its control tools, when the nesting depth allows it a control
+        plane); `spent_below` reads what a child's own children spent (its
+        budget covers them); `on_conversation` is told each child's
+        conversation once made (a child that is a parent gets its children's
+        results there)."""
         self.workspace = workspace
         self.sandbox = sandbox
         self.prices = prices
@@ -159,6 +185,10 @@ class LocalDelegate:
         self.parent_model = parent_model
         self.extra_tools = dict(extra_tools or {})
         self.cwd = cwd
+        self.journal = journal
+        self.child_tools = child_tools
+        self.spent_below = spent_below
+        self.on_conversation = on_conversation
 
     def _conversation(
         self,
@@ -206,38 +236,35 @@ class LocalDelegate:
         config: ChildConfig,
         *,
         child_id: str,
-        extra_tools: Mapping[str, Tool] | None = None,
-        journal: CallJournal | None = None,
-        spent_below: SpentBelow | None = None,
+        depth: int = 1,
+        resume: Resume | None = None,
     ) -> LocalRun:
-        """`extra_tools`: tools for this child only (its control tools, when
-        the nesting depth allows it a control plane of its own); `journal`
-        records its tool calls' starts (at most once across crashes);
-        `spent_below` reads what the child's own children spent (its budget
-        covers them)."""
-        return LocalRun(
-            self._conversation(spec, config, (), extra_tools, journal, spent_below=spent_below)
-        )
+        """A new child, or with `resume` one rebuilt from its stored
+        transcript: what it spent is read from there (its budget goes on
+        from it), and calls a crash interrupted are ended first and answered
+        as interrupted, never run again."""
+        journal: CallJournal | None = None
+        interrupted: Collection[str] | None = None
+        if self.journal is not None:
+            if resume is not None:
+                # At most once: what the crashed runner's calls left running
+                # is ended before anything resumes.
+                await self.journal.recover(child_id)
+                interrupted = await self.journal.interrupted(child_id)
+            journal = self.journal.scoped(child_id)
+        extra = self.child_tools(child_id, depth) if self.child_tools is not None else None
+        spent_below: SpentBelow | None = None
+        if self.spent_below is not None:
+            read = self.spent_below
 
-    async def reopen(
-        self,
-        spec: AgentSpec,
-        config: ChildConfig,
-        *,
-        child_id: str,
-        entries: Sequence[str | ChildEvent],
-        task_id: str = "",
-        context_id: str = "",
-        extra_tools: Mapping[str, Tool] | None = None,
-        journal: CallJournal | None = None,
-        interrupted: Collection[str] | None = None,
-        spent_below: SpentBelow | None = None,
-    ) -> LocalRun:
-        """A child resumed from its stored transcript (crash recovery);
-        `interrupted`: ids of its calls a crash interrupted (never re-run).
-        What it spent is read from the transcript: its budget goes on from there."""
-        return LocalRun(
-            self._conversation(
-                spec, config, entries, extra_tools, journal, interrupted, spent_below
-            )
+            async def below() -> Spend:
+                return await read(child_id)
+
+            spent_below = below
+        entries = resume.entries if resume is not None else ()
+        conversation = self._conversation(
+            spec, config, entries, extra, journal, interrupted, spent_below
         )
+        if self.on_conversation is not None:
+            self.on_conversation(child_id, conversation)
+        return LocalRun(conversation, spent_below)

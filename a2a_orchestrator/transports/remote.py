@@ -7,7 +7,8 @@ SDK's auth interceptor with a per-agent token or OAuth2 client credentials
 
 Contract of a turn (`RemoteRun.turn`), so no child is left `running`:
 - Identity before I/O: a message that opens a task goes out with a context
-  id and message id the caller stored first (`open`, `on_opening`). When the
+  id and message id the caller stored first (chosen by `open`, read from the
+  run; a later task's is told to `on_identity` before it is sent). When the
   stream gives out before naming the task (or after a restart), the task is
   found again by them (ListTasks of the context, the message id in a task's
   history); an agent that answers without it never got the message, which
@@ -55,7 +56,7 @@ import contextlib
 import logging
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
@@ -91,7 +92,8 @@ from a2a.utils.errors import A2AError, InvalidParamsError
 from anyio.streams.memory import MemoryObjectSendStream
 from google.protobuf.json_format import MessageToDict
 
-from ..delegation import CANCELED_TEXT, ChildConfig, Emit
+from ..budgets import Budget
+from ..delegation import CANCELED_TEXT, ChildConfig, Emit, IdentityListener, Resume
 from ..errors import (
     AgentUnavailableError,
     ConfigError,
@@ -118,11 +120,6 @@ from .credentials import credential_service
 __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 
 logger = logging.getLogger(__name__)
-
-OnAttached = Callable[[str, str], Awaitable[None]]
-"""Told a child's task id and context id once the agent names them."""
-OnOpening = Callable[[str], Awaitable[None]]
-"""Told the id of a message that opens a new task, before it is sent (to store it)."""
 
 
 def translate_error(exc: BaseException, url: str) -> DelegationError:
@@ -188,8 +185,6 @@ class RemoteRun:
         turn_started: float | None = None,
         fresh: bool = False,
         finished: bool = False,
-        on_attached: OnAttached | None = None,
-        on_opening: OnOpening | None = None,
     ) -> None:
         """`fresh`: a new child, whose first turn sends its opening message
         under the stored `message_id`; a reopened child finds that message's
@@ -209,8 +204,7 @@ class RemoteRun:
         self.context_id = context_id
         self.message_id = message_id
         """The id of the message that opens (or opened) the child's newest task."""
-        self.on_attached = on_attached
-        self.on_opening = on_opening
+        self.on_identity: IdentityListener | None = None
         self.decoder = StreamDecoder()
         if finished:
             self.decoder.state = TaskState.TASK_STATE_COMPLETED
@@ -267,8 +261,8 @@ class RemoteRun:
         task_id, context_id = self.decoder.task_id, self.decoder.context_id
         if (task_id, context_id) != (self.task_id, self.context_id) and task_id:
             self.task_id, self.context_id = task_id, context_id
-            if self.on_attached is not None:
-                await self.on_attached(task_id, context_id)
+            if self.on_identity is not None:
+                await self.on_identity()
             if self._cancel_requested:
                 # Cancel asked for before the agent told us the task's id.
                 await self._send_cancel()
@@ -367,8 +361,8 @@ class RemoteRun:
         self.task_id = self.decoder.task_id = ""
         if not self._unsent:
             self.message_id = uuidlib.uuid4().hex
-            if self.on_opening is not None:
-                await self.on_opening(self.message_id)
+            if self.on_identity is not None:
+                await self.on_identity()
         self._unsent = False
         return self._opening()
 
@@ -744,6 +738,10 @@ class RemoteRun:
             task = await self.client.get_task(GetTaskRequest(id=self.task_id))
         return transcript_from_history(task, "")
 
+    async def budget_left(self) -> Budget | None:
+        """None: the child's budget is kept by its role server."""
+        return None
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
@@ -882,72 +880,56 @@ class RemoteDelegate:
         config: ChildConfig,
         *,
         child_id: str,
-        context_id: str = "",
-        message_id: str = "",
-        on_attached: OnAttached | None = None,
-        on_opening: OnOpening | None = None,
+        depth: int = 1,
+        resume: Resume | None = None,
     ) -> RemoteRun:
         """A new child: its task is created by its first turn, whose message
-        goes out under `context_id` and `message_id` (stored by the caller
-        before the turn starts: identity before I/O)."""
-        card = await self.card(spec)
-        return RemoteRun(
-            self,
-            spec,
-            self._client(spec, card, streaming=True),
-            card,
-            overrides=config.overrides(),
-            turn_timeout=self.turn_timeout(spec, config),
-            context_id=context_id,
-            message_id=message_id,
-            pending_text=config.prompt,
-            fresh=True,
-            on_attached=on_attached,
-            on_opening=on_opening,
-        )
+        goes out under the context id and message id chosen here, which the
+        caller reads from the run and stores before the turn starts
+        (identity before I/O).
 
-    async def reopen(
-        self,
-        spec: AgentSpec,
-        config: ChildConfig,
-        *,
-        child_id: str,
-        entries: Any = (),
-        task_id: str = "",
-        context_id: str = "",
-        message_id: str = "",
-        turn_started: float | None = None,
-        on_attached: OnAttached | None = None,
-        on_opening: OnOpening | None = None,
-        connect: bool = True,
-        finished: bool = False,
-    ) -> RemoteRun:
-        """Re-attach to a child's task by its stored ids (crash recovery).
-
-        With no task id yet, the task is looked for by `context_id` and
-        `message_id`, and the opening message (the last text in `entries`)
-        is sent again if the agent never got it. `turn_started` (wall
-        clock) keeps an interrupted turn's deadline. `connect=False`: the
-        card is read on first use, not now (a child that is not resuming).
-        `finished`: its last turn ended done or failed (its task is over).
+        With `resume`, the child's task is re-attached by its stored ids
+        (crash recovery). With no task id yet, the task is looked for by its
+        context id and message id, and the opening message (the last input)
+        is sent again if the agent never got it; `turn_started` keeps an
+        interrupted turn's deadline. A child that is not `running` reads no
+        agent card until it is given work; a `finished` one's next turn
+        opens a new task in its context.
         """
-        card = await self.card(spec) if connect else None
-        texts = [entry for entry in entries if isinstance(entry, str)]
+        if config.workdir is not None:
+            raise ConfigError(
+                f"child config field 'workdir': agent {spec.name!r} is remote and works in its "
+                "role server's own directory; only an in-process child can be given a "
+                "subdirectory"
+            )
+        if resume is None:
+            card = await self.card(spec)
+            return RemoteRun(
+                self,
+                spec,
+                self.streaming_client(spec, card),
+                card,
+                overrides=config.overrides(),
+                turn_timeout=self.turn_timeout(spec, config),
+                context_id=uuidlib.uuid4().hex,
+                message_id=uuidlib.uuid4().hex,
+                pending_text=config.prompt,
+                fresh=True,
+            )
+        known = await self.card(spec) if resume.running else None
         return RemoteRun(
             self,
             spec,
-            self.streaming_client(spec, card) if card is not None else None,
-            card,
+            self.streaming_client(spec, known) if known is not None else None,
+            known,
             overrides=config.overrides(),
             turn_timeout=self.turn_timeout(spec, config),
-            task_id=task_id,
-            context_id=context_id,
-            message_id=message_id,
-            pending_text=texts[-1] if texts else config.prompt,
-            turn_started=turn_started,
-            finished=finished,
-            on_attached=on_attached,
-            on_opening=on_opening,
+            task_id=resume.task_id,
+            context_id=resume.context_id,
+            message_id=resume.message_id,
+            pending_text=resume.last_input if resume.last_input is not None else config.prompt,
+            turn_started=resume.turn_started,
+            finished=resume.finished,
         )
 
     async def aclose(self) -> None:
