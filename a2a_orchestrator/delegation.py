@@ -658,6 +658,12 @@ class ChildHandle:
 
         return release
 
+    async def fail(self, exc: Exception) -> None:
+        """End the child failed (reason `error`) because of `exc`, raised
+        outside its turn (its first input could not be stored)."""
+        self.error = exc
+        await self._fail(Failed(reason="error", message=f"{type(exc).__name__}: {exc}"))
+
     async def _fail(self, event: Failed) -> None:
         """End the turn failed; when even that cannot be stored (its store
         fails), the handle still ends it failed here, in memory."""

@@ -48,7 +48,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .budgets import Budget, PriceTable, Spend
 from .delegation import ChildConfig, ChildHandle, ChildRun, ChildStatus, Input, Listener
-from .errors import ConfigError
+from .errors import ConfigError, StoreError
 from .events import (
     CHILD_EVENT_KINDS,
     ChildEvent,
@@ -299,7 +299,12 @@ class Session:
             self._bind_nested(child_id, run)
         await self.store.add_child(record)
         handle = self._hold(record, spec, run)
-        await handle.send(config.prompt)
+        try:
+            await handle.send(config.prompt)
+        except StoreError as exc:
+            # The child's own store failed: the child ends failed, its
+            # spawner and its siblings go on.
+            await handle.fail(exc)
         handle.start(tg)
         return handle
 
