@@ -176,8 +176,8 @@ class ControlPlane:
         self._changed = anyio.Event()
         self._reserved = 0
         self._remove_listener = session.add_listener(self._on_event)
-        # A turn's end wakes waiters once the child is idle, after every
-        # listener of its terminal event has run.
+        # A turn's end wakes waiters once the child is idle; a waiter that
+        # finds its result not delivered yet delivers it (`_outcome`).
         self._remove_settle = session.add_settle_listener(self._on_settled)
         if depth == 0:
             session.child_tools = self._tools_for_child

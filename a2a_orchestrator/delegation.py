@@ -247,9 +247,8 @@ class ChildRun(Protocol):
     async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
         """Replace the child's pause rules: from the event a rule selects
         until `pause()` confirms or `resume()` releases it, the child takes
-        no step. False when the transport takes no rules: in-process, each
-        event reaches the parent's listeners before the child's next step
-        anyway; a peer without the action gets a plain pause."""
+        no step. False when the transport takes no rules (a peer without
+        the action): it gets a plain pause, a step late."""
         ...
 
     async def steer(self, text: str) -> bool:
