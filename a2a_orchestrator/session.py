@@ -348,10 +348,11 @@ class Session:
         """Every child event, tagged with its child, as a stream (what a UI shows)."""
         send, receive = anyio.create_memory_object_stream[RelayedEvent](math.inf)
 
-        async def forward(handle: ChildHandle, event: ChildEvent) -> None:
+        def forward(handle: ChildHandle, event: ChildEvent) -> None:
             send.send_nowait(RelayedEvent.of(handle, event))
 
-        remove = self.add_listener(forward)
+        # A tap: the stream is the relay's own, read by whoever relays.
+        remove = self._watchers.tap(forward)
         try:
             async with receive:
                 yield receive

@@ -17,6 +17,9 @@ Contract:
   the event (at once when there is none); a run that holds itself at an
   event for its parent to decide on is released there if nobody did.
 - Removing a watcher lets it finish the events it was given, then stops it.
+- A tap (`tap`) is a watcher that is its own stream: a plain function that
+  only puts the event into a stream its reader owns (a relay to a UI), so
+  it is called as the event is published, with no task between.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from .events import ChildEvent
 
 if TYPE_CHECKING:
     from .delegation import ChildHandle, Listener
+
+Tap = Callable[["ChildHandle", ChildEvent], None]
 
 __all__ = ["WATCHER_BUFFER", "Watchers"]
 
@@ -91,6 +96,7 @@ class Watchers:
 
     def __init__(self) -> None:
         self._watchers: list[_Watcher] = []
+        self._taps: list[Tap] = []
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
@@ -112,6 +118,17 @@ class Watchers:
         self._run(watcher)
         return lambda: self._detach(watcher)
 
+    def tap(self, tap: Tap) -> Callable[[], None]:
+        """Call `tap` with every event published from now on, as it is
+        published; it must not block. Returns a function that removes it."""
+        self._taps.append(tap)
+
+        def remove() -> None:
+            if tap in self._taps:
+                self._taps.remove(tap)
+
+        return remove
+
     def _detach(self, watcher: _Watcher) -> None:
         if watcher.attached:
             watcher.attached = False
@@ -120,6 +137,11 @@ class Watchers:
 
     async def publish(self, handle: ChildHandle, event: ChildEvent, after: After | None) -> None:
         """Hand a stored event to every watcher without waiting for them."""
+        for tap in list(self._taps):
+            try:
+                tap(handle, event)
+            except Exception:
+                logger.exception("tap failed on %s of child %s", event.kind, handle.child_id)
         watchers = list(self._watchers)
         countdown = _Countdown(len(watchers), after)
         if not watchers:
