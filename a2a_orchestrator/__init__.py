@@ -28,6 +28,7 @@ from .errors import PathOutsideWorkdirError as PathOutsideWorkdirError
 from .errors import ProtocolError as ProtocolError
 from .errors import RoleFileError as RoleFileError
 from .errors import RoleNotFoundError as RoleNotFoundError
+from .errors import StoreError as StoreError
 from .errors import ToolError as ToolError
 from .events import AssistantMessage as AssistantMessage
 from .events import ChildEvent as ChildEvent
@@ -135,6 +136,7 @@ __all__ = [
     "Spend",
     "Started",
     "Store",
+    "StoreError",
     "Supervisor",
     "TaskSpec",
     "Tool",

@@ -32,6 +32,9 @@ rendered FINAL_ANSWER (with the child's subtree usage so far) is appended
 to the parent's transcript in the store,
 then offered to the parent's inbox (de-duplicated by uuid there), then marked
 delivered, which is what `wait_agent` waits for; the `complete` hook runs last.
+Delivery is a watcher of the session (off the child's path): a waiter that
+finds the result not delivered yet delivers it itself, once, or waits for
+the delivery under way.
 """
 
 from __future__ import annotations
@@ -168,12 +171,14 @@ class ControlPlane:
         # A model script among them is refused here, at start-up.
         offered_models(Role(name="-", prompt="-"), self.model_names)
         self._delivered: dict[str, str] = {}
+        self._delivering: dict[str, anyio.Event] = {}
+        """Deliveries under way, by the uuid of the result they carry."""
         self._reported: dict[str, str] = {}
         self._changed = anyio.Event()
         self._reserved = 0
         self._remove_listener = session.add_listener(self._on_event)
-        # A turn's end wakes waiters once the child is idle, after every
-        # listener of its terminal event has run.
+        # A turn's end wakes waiters once the child is idle; a waiter that
+        # finds its result not delivered yet delivers it (`_outcome`).
         self._remove_settle = session.add_settle_listener(self._on_settled)
         if depth == 0:
             session.child_tools = self._tools_for_child
@@ -544,11 +549,26 @@ class ControlPlane:
     async def _on_event(self, handle: ChildHandle, event: ChildEvent) -> None:
         if handle.parent_id != self.parent_id:
             return
-        if isinstance(event, Done | Failed):
+        if isinstance(event, Done | Failed) and self._delivered.get(handle.child_id) != event.uuid:
             await self._deliver(handle, event)
         self._notify()
 
     async def _deliver(self, handle: ChildHandle, event: Done | Failed) -> None:
+        # The watcher and a waiter (`wait_agent`, COLLECT) may both come to
+        # deliver a result: the second waits for the first, hooks included,
+        # so a waiter returns only once the delivery is over.
+        running = self._delivering.get(event.uuid)
+        if running is not None:
+            await running.wait()
+            return
+        done = self._delivering[event.uuid] = anyio.Event()
+        try:
+            await self._deliver_once(handle, event)
+        finally:
+            del self._delivering[event.uuid]
+            done.set()
+
+    async def _deliver_once(self, handle: ChildHandle, event: Done | Failed) -> None:
         status, payload = normalise(event)
         # The child's turn is stored by now (the store before anyone is
         # told), so its subtree total includes this turn.

@@ -28,11 +28,17 @@ from .tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
 __all__ = [
     "CONTROL_ACTIONS",
     "CONTROL_TOOL_NAMES",
+    "HOLD_LIMIT",
     "apply_child_config",
     "control",
     "role_conversation",
     "spent_in",
 ]
+
+HOLD_LIMIT = 30.0
+"""Seconds a task held by a pause rule waits for its caller to confirm
+(pause) or release (resume) before it goes on by itself: a caller that
+crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 
 CONTROL_TOOL_NAMES = frozenset(
     {"agent", "agent_manage", "agent_abort", "spawn_agent", "wait_agent", "send_message"}

@@ -72,6 +72,7 @@ __all__ = [
     "IdentityListener",
     "Input",
     "Listener",
+    "Publish",
     "Resume",
 ]
 
@@ -83,6 +84,12 @@ Listener = Callable[["ChildHandle", ChildEvent], Awaitable[None]]
 """Called with each new event once it is stored (relay, delivery to the parent)."""
 IdentityListener = Callable[[], Awaitable[None]]
 """Awaited when a run's A2A identity (`task_id`, `context_id`, `message_id`) changed."""
+Publish = Callable[
+    ["ChildHandle", ChildEvent, "Callable[[], Awaitable[None]] | None"], Awaitable[None]
+]
+"""Hands a stored event to the owner's watchers without waiting for them to
+deal with it; the third argument, when given, is awaited once every watcher
+has (a hold the run took at the event is released there, unless decided)."""
 EventSink = Callable[["ChildHandle", "ChildEvent | Input"], Awaitable[bool]]
 """Called with each event, and each input given to the child, before the
 handle publishes or acts on it; the session stores it there. False means the
@@ -266,9 +273,8 @@ class ChildRun(Protocol):
     async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
         """Replace the child's pause rules: from the event a rule selects
         until `pause()` confirms or `resume()` releases it, the child takes
-        no step. False when the transport takes no rules: in-process, each
-        event reaches the parent's listeners before the child's next step
-        anyway; a peer without the action gets a plain pause."""
+        no step. False when the transport takes no rules (a peer without
+        the action): it gets a plain pause, a step late."""
         ...
 
     async def steer(self, text: str) -> bool:
@@ -358,10 +364,11 @@ class ChildHandle:
         status: ChildStatus = "running",
         parent_id: str = "",
         depth: int = 1,
-        on_event: Listener | None = None,
+        on_event: Publish | None = None,
         on_settled: Callable[[ChildHandle], None] | None = None,
     ) -> None:
-        """`on_event` hears each new event once stored; `on_settled` is told,
+        """`on_event` is handed each new event once stored (it must not wait
+        for the watchers it passes it to); `on_settled` is told,
         synchronously, each time a turn has ended and the handle is idle."""
         self.child_id = child_id
         self.agent = agent
@@ -393,8 +400,12 @@ class ChildHandle:
         self._pause_rules: dict[str, Selector] = {}
         self._rules_armed = False
         """The run took the pause rules: it holds itself at a matching event."""
-        self._decided = False
-        """`pause()` or `resume()` was called (while listeners hear an event)."""
+        self._decisions = 0
+        """How many times `pause()` or `resume()` was called: a hold taken at
+        an event is released after its watchers only if none was called since."""
+        self.error: Exception | None = None
+        """What failed the child's last failed turn, when it was an exception
+        (a `StoreError` when its events could not be stored)."""
         self.terminated = False
         """Stopped for good by `terminate()`: input is refused until `reinstate()`."""
 
@@ -537,7 +548,7 @@ class ChildHandle:
         if self._pending or self._status == "input_required":
             self._pending.clear()
             await self.run.cancel()
-            await self._emit(Failed(reason="aborted", message=CANCELED_TEXT))
+            await self._fail(Failed(reason="aborted", message=CANCELED_TEXT))
             return True
         return False
 
@@ -555,12 +566,12 @@ class ChildHandle:
         return was
 
     async def pause(self) -> None:
-        self._decided = True
+        self._decisions += 1
         await self.run.pause()
         self.paused = True
 
     async def resume(self) -> None:
-        self._decided = True
+        self._decisions += 1
         await self.run.resume()
         self.paused = False
 
@@ -625,6 +636,7 @@ class ChildHandle:
                 self._active = True
                 self._set_status("running")
                 self._turn += 1
+                self.error = None
                 start = len(self._log)
                 try:
                     try:
@@ -639,7 +651,7 @@ class ChildHandle:
                         # Stopped between taking the input and starting the
                         # turn, when the run had nothing yet to stop.
                         message = CANCELED_TEXT if self._cancelling else INTERRUPTED_TEXT
-                        await self._emit(Failed(reason="aborted", message=message))
+                        await self._fail(Failed(reason="aborted", message=message))
                         continue
                     unread = await self.run.turn(text, self._emit)
                     if unread and not self._cancelling and not self.terminated:
@@ -648,19 +660,15 @@ class ChildHandle:
                         # (its rows were stored during this turn).
                         self._pending[:0] = [_Queued(t, recorded=True) for t in unread]
                     if not self._ended_since(start):
-                        await self._emit(
-                            Failed(
-                                reason="error",
-                                message=NO_TERMINAL_TEXT,
-                            )
-                        )
+                        await self._fail(Failed(reason="error", message=NO_TERMINAL_TEXT))
                 except Exception as exc:  # contained: one child's failure is its own
                     logger.exception("child %s failed", self.child_id)
                     if not self._ended_since(start):
                         # One terminal event per turn: a failure after the
-                        # turn's end (a listener's) does not unmake its result.
+                        # turn's end does not unmake its result.
+                        self.error = exc
                         message = f"{type(exc).__name__}: {exc}"
-                        await self._emit(Failed(reason="error", message=message))
+                        await self._fail(Failed(reason="error", message=message))
                 finally:
                     self._active = False
                     self._notify()
@@ -676,28 +684,62 @@ class ChildHandle:
         if event.uuid in self._uuids:
             return
         # Shielded: an abort of the turn that emits this event must not tear
-        # its recording apart (stored but not logged, delivered but not told).
+        # its recording apart (stored but not logged). Only the durable
+        # append is: the watchers hear of the event from their own streams
+        # (`on_event` does not wait for them), so a slow or failing watcher
+        # never holds the child up.
         with anyio.CancelScope(shield=True):
             # Stored first: a crash after this line loses no result.
             if self._sink is not None and not await self._sink(self, event):
                 self._uuids.add(event.uuid)
                 return
-            self._uuids.add(event.uuid)
-            self._log.append(event)
-            if isinstance(event, Done):
-                self._set_status("completed")
-            elif isinstance(event, Failed):
-                self._set_status("failed")
-            elif isinstance(event, InputRequired):
-                self._set_status("input_required")
-            self._decided = False
+            self._record(event)
             if self._on_event is not None:
-                await self._on_event(self, event)
-            if not self._decided and not self.paused and self._held_by_rule(event):
-                # Held by a rule, and no listener paused or resumed it (one
-                # failed, or its subscription went): it must not stay held.
+                await self._on_event(self, event, self._release_after(event))
+            elif self._held_by_rule(event):
+                await self.run.resume()  # nobody watches to decide on the hold
+        self._notify()
+
+    def _record(self, event: ChildEvent) -> None:
+        self._uuids.add(event.uuid)
+        self._log.append(event)
+        if isinstance(event, Done):
+            self._set_status("completed")
+        elif isinstance(event, Failed):
+            self._set_status("failed")
+        elif isinstance(event, InputRequired):
+            self._set_status("input_required")
+
+    def _release_after(self, event: ChildEvent) -> Callable[[], Awaitable[None]] | None:
+        """What lets the run go on from a hold its pause rules put it in at
+        `event`, once the watchers heard of it and none paused or resumed
+        it (one failed, or its subscription went): it must not stay held."""
+        if not self._held_by_rule(event):
+            return None
+        decisions = self._decisions
+
+        async def release() -> None:
+            if self._decisions == decisions and not self.paused and not self._closed:
                 await self.run.resume()
-            self._notify()
+
+        return release
+
+    async def fail(self, exc: Exception) -> None:
+        """End the child failed (reason `error`) because of `exc`, raised
+        outside its turn (its first input could not be stored)."""
+        self.error = exc
+        await self._fail(Failed(reason="error", message=f"{type(exc).__name__}: {exc}"))
+
+    async def _fail(self, event: Failed) -> None:
+        """End the turn failed; when even that cannot be stored (its store
+        fails), the handle still ends it failed here, in memory."""
+        try:
+            await self._emit(event)
+        except Exception:
+            logger.exception("child %s: its failure could not be stored", self.child_id)
+            if event.uuid not in self._uuids:
+                self._record(event)
+                self._notify()
 
     def _set_status(self, status: ChildStatus) -> None:
         self._status = status

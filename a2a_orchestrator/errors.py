@@ -7,6 +7,7 @@
     ├── ToolError                    a tool refused or failed (reported to the model)
     │   └── PathOutsideWorkdirError  a path that leads outside the work directory
     ├── ModelError                   the model could not be reached or answered badly
+    ├── StoreError                   a SQLite store could not be read or written
     ├── AccessError                  a caller's credential is not accepted (server side)
     │   ├── CredentialError          missing, malformed, unknown, expired, badly signed: 401
     │   └── IssuerUnavailableError   the identity provider's keys cannot be had now: 503
@@ -40,6 +41,7 @@ __all__ = [
     "RoleFileError",
     "RoleNotFoundError",
     "SpawnRefusedError",
+    "StoreError",
     "ToolError",
     "UnknownChildError",
 ]
@@ -83,6 +85,13 @@ class PathOutsideWorkdirError(ToolError):
 
 class ModelError(OrchestratorError):
     """The model endpoint failed, was unreachable, or is misconfigured."""
+
+
+class StoreError(OrchestratorError):
+    """A SQLite store refused a read or a write (the sqlite3 error is its cause).
+
+    Raised for one call: a write that fails leaves the store as it was (its
+    transaction, or its part of a group commit, is rolled back)."""
 
 
 class AccessError(OrchestratorError):

@@ -55,7 +55,7 @@ from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict
 
 from .budgets import Budget, PriceTable
-from .conversations import control, role_conversation, spent_in
+from .conversations import HOLD_LIMIT, control, role_conversation, spent_in
 from .errors import ConfigError, ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, ToolCalled
 from .journal import JournalRow, ToolJournal
@@ -84,10 +84,6 @@ MAX_CONVERSATIONS = 256
 DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
 """Total size of the conversations kept in memory (bytes, see `conversation_size`)."""
 
-HOLD_LIMIT = 30.0
-"""Seconds a task held by a pause rule waits for its caller to confirm
-(pause) or release (resume) before it goes on by itself: a caller that
-crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 
 # How long cancel and shutdown wait for a turn to publish its terminal state.
 _STOP_GRACE = 10.0

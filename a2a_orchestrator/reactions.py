@@ -145,8 +145,8 @@ class Reactions:
             "interrupt": handle.interrupt,
             "terminate": handle.terminate,  # final, like the supervisor's
         }
-        # Signalled from inside the child's own event delivery: a stop must not
-        # wait here for the turn this very event belongs to, so it runs beside it.
+        # A stop waits for the turn this very event belongs to to end; it runs
+        # beside this watcher, which goes on with the events after it.
         if rule.signal in ("interrupt", "terminate"):
             action = actions[rule.signal]
 

@@ -15,6 +15,9 @@ Contract:
   and keeps a heartbeat task in its task group; a stop request from
   `a2a-orchestrator stop` runs the stop listeners, then a cascading stop of
   every child (each ends `aborted`, recorded here).
+- Watchers (`add_listener`, `relay`) hear each child event once it is
+  stored, each from its own bounded stream read by a task of the session
+  (`watchers.py`): the child waits for the store, never for a watcher.
 - `spawn(config)` returns a `ChildHandle` at once; `spawn_child(config)` is
   the agentik shape: an async iterator of that child's events. Dropping the
   iterator does not cancel the child.
@@ -33,7 +36,7 @@ import logging
 import math
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -56,7 +59,7 @@ from .delegation import (
     Listener,
     Resume,
 )
-from .errors import ConfigError
+from .errors import ConfigError, StoreError
 from .events import (
     ChildEvent,
     Done,
@@ -77,6 +80,7 @@ from .tools import Sandbox, Tool, Workspace
 from .tools.sandbox import store_paths
 from .transports import LocalDelegate, RemoteDelegate
 from .transports.local import check_sandbox
+from .watchers import Watchers
 
 __all__ = ["RelayedEvent", "Session", "keep_out_of_git"]
 
@@ -153,7 +157,7 @@ class Session:
         self._lost_after = lost_after
         self._idle_probe = idle_probe
         self._children: dict[str, ChildHandle] = {}
-        self._listeners: list[Listener] = []
+        self._watchers = Watchers()
         self._settle_listeners: list[Callable[[ChildHandle], None]] = []
         self._reopening: dict[str, anyio.Event] = {}
         self.nested_planes: dict[str, Any] = {}
@@ -191,6 +195,7 @@ class Session:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._state = _State.OPENED
         self._tg.start_soon(self._runner.beat, name=f"session {self.id} heartbeat")
+        self._watchers.start(self._tg)
         return self
 
     async def __aexit__(
@@ -305,7 +310,12 @@ class Session:
         )
         await self.store.add_child(record)
         handle = self._hold(record, spec, run)
-        await handle.send(config.prompt)
+        try:
+            await handle.send(config.prompt)
+        except StoreError as exc:
+            # The child's own store failed: the child ends failed, its
+            # spawner and its siblings go on.
+            await handle.fail(exc)
         handle.start(tg)
         return handle
 
@@ -340,20 +350,20 @@ class Session:
         return handles
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
-        """Call `listener` with every child's every event, once stored; returns
-        a function that removes it."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+        """Call `listener` with every child's every event, once stored, from
+        a task of its own (`watchers.py`); returns a function that removes it."""
+        return self._watchers.add(listener)
 
     @contextlib.asynccontextmanager
     async def relay(self) -> AsyncIterator[MemoryObjectReceiveStream[RelayedEvent]]:
         """Every child event, tagged with its child, as a stream (what a UI shows)."""
         send, receive = anyio.create_memory_object_stream[RelayedEvent](math.inf)
 
-        async def forward(handle: ChildHandle, event: ChildEvent) -> None:
+        def forward(handle: ChildHandle, event: ChildEvent) -> None:
             send.send_nowait(RelayedEvent.of(handle, event))
 
-        remove = self.add_listener(forward)
+        # A tap: the stream is the relay's own, read by whoever relays.
+        remove = self._watchers.tap(forward)
         try:
             async with receive:
                 yield receive
@@ -378,14 +388,13 @@ class Session:
         if plane is not None:
             plane.inbox = conversation
 
-    async def _relay(self, handle: ChildHandle, event: ChildEvent) -> None:
-        for listener in list(self._listeners):
-            try:
-                await listener(handle, event)
-            except Exception:
-                # A watcher's failure (a template, a hook, a closed peer) is
-                # the watcher's: the child's own result stands.
-                logger.exception("listener failed on %s of child %s", event.kind, handle.child_id)
+    async def _relay(
+        self,
+        handle: ChildHandle,
+        event: ChildEvent,
+        after: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        await self._watchers.publish(handle, event, after)
 
     async def wait_all(self) -> dict[str, ChildEvent]:
         """Wait until every child is settled; their last turn's outcomes."""

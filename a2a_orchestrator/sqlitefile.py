@@ -6,6 +6,8 @@ worker thread (`anyio.to_thread`) under a lock: the event loop never blocks
 on disk, and calls from many tasks serialise. WAL lets readers (the CLI) see
 a file while a server writes it; synchronous=NORMAL under WAL is durable
 against a crash of the process (kill -9), the failure these files exist for.
+A sqlite3 error raised by a call is raised as `StoreError` (its cause kept),
+so callers catch one of this package's errors, naming the file.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TypeVar
 
 import anyio
 
-from .errors import ConfigError
+from .errors import ConfigError, StoreError
 
 __all__ = ["SQLiteFile"]
 
@@ -48,7 +50,10 @@ class SQLiteFile:
             with self._lock:
                 if self._closed:
                     raise ConfigError(f"{self.what} {self.path} is closed")
-                return fn()
+                try:
+                    return fn()
+                except sqlite3.Error as exc:
+                    raise StoreError(f"{self.what} {self.path}: {exc}") from exc
 
         return await anyio.to_thread.run_sync(locked)
 

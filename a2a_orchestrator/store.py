@@ -7,6 +7,12 @@ here before anyone in memory is told, so a crash loses no finished result.
 Contract:
 - One `Store` owns one sqlite3 connection (`SQLiteFile`): every call runs
   in a worker thread under a lock, so the event loop never blocks on disk.
+  A sqlite3 error is raised as `StoreError`.
+- Writes on a child's critical path (events, the child's row) go through
+  one writer with group commit (`GroupWriter`): writes that arrive while a
+  commit is in flight are committed together, in one transaction and one
+  thread hop. Each returns once its transaction is committed, so whoever
+  is told of an event after its append returns reads it from the file.
 - The schema lives in `MIGRATIONS` (sqlite-utils migrations); WAL mode lets
   the CLI read a session while an orchestrator writes it.
 - Events are keyed by uuid: appending a uuid twice is a no-op that reports
@@ -21,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping
@@ -29,9 +36,11 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import sqlite_utils
+from sqlite_utils.db import NotFoundError
 from sqlite_utils.migrations import Migrations
 
 from .budgets import Spend
+from .groupcommit import GroupWriter
 from .journal import ToolJournal, create_table
 from .sqlitefile import SQLiteFile
 
@@ -327,6 +336,7 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=ON")
         MIGRATIONS.apply(self._db)
         self._run = self._file.run
+        self._write = GroupWriter(self._file).write
         self.journal = ToolJournal(self._file)
         """The tool-call journal of this store's in-process children (scope: child id)."""
 
@@ -400,12 +410,25 @@ class Store:
     # -- children -------------------------------------------------------------
 
     async def add_child(self, record: ChildRecord) -> None:
-        await self._run(lambda: self._db.table("children").insert(record.to_row()))
+        row = record.to_row()
+        sql = f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+        await self._write(lambda conn: conn.execute(sql, list(row.values())))
 
     async def update_child(self, child_id: str, **changes: Any) -> None:
+        """Change fields of a child's row; `NotFoundError` when there is none."""
         if "config" in changes:
             changes["config"] = json.dumps(changes["config"])
-        await self._run(lambda: self._db.table("children").update(child_id, changes))
+        assignments = ", ".join(f"{name} = ?" for name in changes) or "child_id = child_id"
+
+        def update(conn: sqlite3.Connection) -> None:
+            cursor = conn.execute(
+                f"UPDATE children SET {assignments} WHERE child_id = ?",
+                [*changes.values(), child_id],
+            )
+            if cursor.rowcount == 0:
+                raise NotFoundError(child_id)
+
+        await self._write(update)
 
     async def get_child(self, child_id: str) -> ChildRecord | None:
         def get() -> ChildRecord | None:
@@ -530,59 +553,58 @@ class Store:
         batch = list(entries)
         changes = dict(child_changes or {})
 
-        def insert() -> list[StoredEvent | None]:
+        def insert(conn: sqlite3.Connection) -> list[StoredEvent | None]:
             stored: list[StoredEvent | None] = []
-            with self._db.conn:
-                if changes and batch and batch[0][1] is not None:
-                    assignments = ", ".join(f"{name} = ?" for name in changes)
-                    self._db.conn.execute(
-                        f"UPDATE children SET {assignments} WHERE child_id = ?",
-                        [*changes.values(), batch[0][1]],
+            if changes and batch and batch[0][1] is not None:
+                assignments = ", ".join(f"{name} = ?" for name in changes)
+                conn.execute(
+                    f"UPDATE children SET {assignments} WHERE child_id = ?",
+                    [*changes.values(), batch[0][1]],
+                )
+            for session_id, child_id, kind, payload, uuid in batch:
+                event_uuid = uuid or uuidlib.uuid4().hex
+                now = time.time()
+                cursor = conn.execute(
+                    "INSERT OR IGNORE INTO events "
+                    "(uuid, session_id, child_id, kind, payload, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (event_uuid, session_id, child_id, kind, json.dumps(dict(payload)), now),
+                )
+                if cursor.rowcount == 0:
+                    stored.append(None)
+                    continue
+                if kind in TURN_END_KINDS and child_id is not None:
+                    spend = Spend.from_dict(payload.get("spent"))
+                    conn.execute(
+                        "INSERT OR IGNORE INTO turn_usage (uuid, session_id, child_id, "
+                        f"{', '.join(_SPEND_COLUMNS)}, created_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            event_uuid,
+                            session_id,
+                            child_id,
+                            spend.input_tokens,
+                            spend.output_tokens,
+                            spend.model_calls,
+                            spend.seconds,
+                            spend.cost,
+                            now,
+                        ),
                     )
-                for session_id, child_id, kind, payload, uuid in batch:
-                    event_uuid = uuid or uuidlib.uuid4().hex
-                    now = time.time()
-                    cursor = self._db.conn.execute(
-                        "INSERT OR IGNORE INTO events "
-                        "(uuid, session_id, child_id, kind, payload, created_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        (event_uuid, session_id, child_id, kind, json.dumps(dict(payload)), now),
+                stored.append(
+                    StoredEvent(
+                        seq=int(cursor.lastrowid or 0),
+                        uuid=event_uuid,
+                        session_id=session_id,
+                        child_id=child_id,
+                        kind=kind,
+                        payload=dict(payload),
+                        created_at=now,
                     )
-                    if cursor.rowcount == 0:
-                        stored.append(None)
-                        continue
-                    if kind in TURN_END_KINDS and child_id is not None:
-                        spend = Spend.from_dict(payload.get("spent"))
-                        self._db.conn.execute(
-                            "INSERT OR IGNORE INTO turn_usage (uuid, session_id, child_id, "
-                            f"{', '.join(_SPEND_COLUMNS)}, created_at) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (
-                                event_uuid,
-                                session_id,
-                                child_id,
-                                spend.input_tokens,
-                                spend.output_tokens,
-                                spend.model_calls,
-                                spend.seconds,
-                                spend.cost,
-                                now,
-                            ),
-                        )
-                    stored.append(
-                        StoredEvent(
-                            seq=int(cursor.lastrowid or 0),
-                            uuid=event_uuid,
-                            session_id=session_id,
-                            child_id=child_id,
-                            kind=kind,
-                            payload=dict(payload),
-                            created_at=now,
-                        )
-                    )
+                )
             return stored
 
-        return await self._run(insert)
+        return await self._write(insert)
 
     async def events(
         self,

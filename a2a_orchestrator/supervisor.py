@@ -17,13 +17,13 @@ the child is resumed right after if `resume_after`; a `once` subscription is
 then removed. Subscriptions are stored, so they outlive a restart.
 
 `pause_child` lands at the matching event, with no step after it, on either
-transport: an in-process child's events reach the supervisor before its next
-step, and a remote child gets the subscription's selector as a pause rule
-(`ChildHandle.pause_on`, carried by the control extension), so its role
-server holds it at the match by itself and the supervisor's pause confirms
-the hold. The rules go to a child when it is subscribed to, or when the
-supervisor first hears of it (spawned, or after a restart), and are dropped
-with the subscription.
+transport: the supervisor hears of events beside the child's turn (a
+watcher, `watchers.py`), so the child gets the subscription's selector as a
+pause rule (`ChildHandle.pause_on`): an in-process run holds itself at the
+match, a role server does (the rule carried by the control extension), and
+the supervisor's pause confirms the hold. The rules go to a child when it
+is subscribed to, or when the supervisor first hears of it (spawned, or
+after a restart), and are dropped with the subscription.
 
 Operations on one child are allowed only to its direct parent. As a tool,
 every error an action meets is its result (`control.as_tool`). A stop with

@@ -27,6 +27,7 @@ from a2a_orchestrator.events import (
     ToolResult,
 )
 from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.selectors import Selector
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.transports.memory import Handler, Turn
@@ -164,6 +165,9 @@ async def test_a_paused_child_takes_no_step_until_resumed(tmp_path: Path) -> Non
 
             session.add_listener(pause_at_one)
             handle = await session.spawn(ChildConfig(role="echo", prompt="go"))
+            # Watchers hear of events beside the child's turn; the rule holds
+            # the child at "one" until the listener's pause confirms it.
+            await handle.pause_on("at-one", Selector(kind="message", contains="one"))
             while not handle.paused:
                 await anyio.sleep(0.01)
             # Held after "one": the handler's next item is not taken.

@@ -107,6 +107,7 @@ class MemoryRun:
         self._scope: anyio.CancelScope | None = None
         self._resumed = anyio.Event()
         self._resumed.set()
+        self._pause_rules: dict[str, Selector] = {}
 
     @property
     def model(self) -> str:
@@ -145,6 +146,11 @@ class MemoryRun:
                         if event.kind in TERMINAL_KINDS:
                             ended = True
                             self._remember(event)
+                        elif any(rule.selects(event) for rule in self._pause_rules.values()):
+                            # Held before the next item: the parent's
+                            # watchers hear of the event beside this turn,
+                            # so their pause would come an item late.
+                            await self.pause()
             if self._stop is not None and not ended:
                 await emit(Failed(reason="aborted", message=self._stop))
             elif not ended:
@@ -201,9 +207,11 @@ class MemoryRun:
         self._resumed.set()
 
     async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
-        """False: each event reaches the parent's listeners before the
-        handler's next item is taken, so a listener's pause lands there."""
-        return False
+        """True: the run holds itself right after an event a rule selects,
+        before the handler's next item (the handle releases the hold once
+        the watchers heard of it, unless one paused or resumed the child)."""
+        self._pause_rules = dict(rules)
+        return True
 
     async def steer(self, text: str) -> bool:
         """False: a handler reads no steering mid-turn; the text opens a turn."""

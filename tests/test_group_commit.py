@@ -1,0 +1,125 @@
+"""The store's one writer: appends in the same tick share a transaction, each
+caller reads its own write once its await returns, and a write that fails
+fails alone (as a `StoreError`)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from a2a_orchestrator.errors import StoreError
+from a2a_orchestrator.store import ChildRecord, Store
+
+pytestmark = pytest.mark.anyio
+
+
+def refuse_child(path: Path, child_id: str, when: str = "1") -> None:
+    """A trigger, in the real file, that makes the event writes of
+    `child_id` (those `when` selects) fail as SQLite itself fails a write."""
+    conn = sqlite3.connect(path)
+    conn.execute(
+        f"""
+        CREATE TRIGGER refuse_{child_id} BEFORE INSERT ON events
+        WHEN NEW.child_id = '{child_id}' AND ({when})
+        BEGIN SELECT RAISE(ABORT, 'child write refused'); END
+        """
+    )
+    conn.commit()
+    conn.close()
+
+
+async def test_appends_in_the_same_tick_share_one_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    async with Store(path) as store:
+        await store.create_session("s")
+        statements: list[str] = []
+        # SQLite's own trace of what the connection runs: one COMMIT per transaction.
+        store._file.conn.set_trace_callback(statements.append)
+        read_back: dict[int, bool] = {}
+
+        async def append(n: int) -> None:
+            event = await store.append_event("s", "note", {"n": n}, uuid=f"u{n}")
+            assert event is not None
+            # Read-your-writes: on disk and visible once the append returns.
+            rows = await store.events("s", after=event.seq - 1, limit=1)
+            read_back[n] = bool(rows) and rows[0].uuid == f"u{n}"
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for n in range(200):
+                    tg.start_soon(append, n)
+        store._file.conn.set_trace_callback(None)
+        stored = await store.events("s")
+    commits = sum(1 for s in statements if s.strip().upper() == "COMMIT")
+    assert read_back == {n: True for n in range(200)}
+    assert sorted(e.payload["n"] for e in stored) == list(range(200))
+    assert 1 <= commits < 200
+
+
+async def test_a_failing_write_fails_alone(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    async with Store(path) as store:
+        await store.create_session("s")
+        for child_id in ("good", "bad"):
+            await store.add_child(
+                ChildRecord(
+                    child_id=child_id,
+                    session_id="s",
+                    role="coder",
+                    status="running",
+                    transport="local",
+                    trace_id="t",
+                    created_at=0.0,
+                )
+            )
+        refuse_child(path, "bad")
+        outcomes: dict[str, object] = {}
+
+        async def append(child_id: str, n: int) -> None:
+            try:
+                outcomes[f"{child_id}{n}"] = await store.append_event(
+                    "s",
+                    "done",
+                    {"text": "x"},
+                    child_id=child_id,
+                    uuid=f"{child_id}{n}",
+                    child_changes={"status": "completed"},
+                )
+            except StoreError as exc:
+                outcomes[f"{child_id}{n}"] = exc
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for n in range(5):
+                    tg.start_soon(append, "good", n)
+                    tg.start_soon(append, "bad", n)
+        rows = await store.events("s")
+        good, bad = await store.get_child("good"), await store.get_child("bad")
+        usage = await store.child_usage("s")
+    failures = [outcomes[f"bad{n}"] for n in range(5)]
+    assert all(isinstance(f, StoreError) for f in failures)
+    assert all(isinstance(f.__cause__, sqlite3.Error) for f in failures)  # type: ignore[union-attr]
+    assert "child write refused" in str(failures[0]) and str(path) in str(failures[0])
+    assert sorted(r.uuid for r in rows) == [f"good{n}" for n in range(5)]
+    # The failed writes left nothing: not their events, nor the row change
+    # or the usage row of the same transaction.
+    assert good is not None and good.status == "completed"
+    assert bad is not None and bad.status == "running"
+    assert set(usage) == {"good"}
+
+
+async def test_reads_raise_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    async with Store(path) as store:
+        await store.create_session("s")
+        conn = sqlite3.connect(path)
+        conn.execute("DROP TABLE turn_usage")
+        conn.commit()
+        conn.close()
+        with pytest.raises(StoreError, match="no such table"):
+            await store.child_usage("s")
+        # The store goes on for everything else.
+        assert await store.append_event("s", "note", {}) is not None
