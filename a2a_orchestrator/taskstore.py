@@ -174,9 +174,13 @@ class SQLiteTaskStore(TaskStore):
                 logger.exception("task store: could not write %d held task(s) on close", len(rows))
         self._file.close()
 
-    def _write(self, rows: builtins.list[_Row]) -> None:
+    def _write(self, rows: builtins.list[_Row]) -> int:
+        """Write `rows` in one transaction; the rows the last one changed."""
+        changed = 0
         with self._db:
-            self._db.executemany(_UPSERT, rows)
+            for row in rows:
+                changed = self._db.execute(_UPSERT, row).rowcount
+        return changed
 
     def _take_held(self) -> builtins.list[_Row]:
         rows = list(self._held.values())
@@ -227,11 +231,9 @@ class SQLiteTaskStore(TaskStore):
         # Written now, with every frame held so far (one transaction).
         self._held.pop(task.id, None)
         rows = [*self._take_held(), row]
-        # Ours to answer for from memory only when the row is surely this
-        # owner's: new here, or known as theirs.
-        ours = task.id in self._absent or (known is not None and known.owner == owner)
         try:
-            await self._run(lambda: self._write(rows))
+            # Whether the row is this owner's (another's is left unchanged).
+            ours = await self._run(lambda: self._write(rows) == 1)
         except BaseException:
             for held in rows[:-1]:
                 self._held.setdefault(held[0], held)
