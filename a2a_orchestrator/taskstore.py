@@ -160,13 +160,19 @@ class SQLiteTaskStore(TaskStore):
         """Task id -> its coalesced row, not written yet."""
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
+        self._writing: builtins.list[_Row] = []
+        """Held rows a timer's flush is writing now (close writes them too)."""
+        self._closed = False
 
     def close(self) -> None:
         """Write what is held, then close the file."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        rows = self._take_held()
+        # A flush under way may not reach the file before it closes: its rows
+        # first (older), then what is held (newer); writing a row twice is harmless.
+        rows = [*self._writing, *self._take_held()]
         if rows:
             try:
                 self._file.run_here(lambda: self._write(rows))
@@ -204,7 +210,7 @@ class SQLiteTaskStore(TaskStore):
             self._absent.popitem(last=False)
 
     def _may_hold(self, task: Task, owner: str, state: int) -> bool:
-        if self._coalesce <= 0 or state in _TERMINAL:
+        if self._coalesce <= 0 or state in _TERMINAL or self._closed:
             return False
         known = self._known.get(task.id)
         if known is None or known.owner != owner or known.written_state != state:
@@ -245,7 +251,7 @@ class SQLiteTaskStore(TaskStore):
             self._absent.pop(task.id, None)
 
     def _schedule_flush(self) -> None:
-        if self._timer is None:
+        if self._timer is None and not self._closed:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self._coalesce, self._start_flush)
 
@@ -258,15 +264,20 @@ class SQLiteTaskStore(TaskStore):
     async def flush(self) -> None:
         """Write the coalesced frames now (a failed write keeps them held)."""
         rows = self._take_held()
-        if not rows:
+        if not rows or self._closed:
             return
+        self._writing = rows
         try:
             await self._run(lambda: self._write(rows))
         except Exception:
+            if self._closed:
+                return  # close wrote them
             logger.exception("task store: could not write %d task(s); kept to retry", len(rows))
             for row in rows:
                 self._held.setdefault(row[0], row)
             self._schedule_flush()
+        finally:
+            self._writing = []
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         owner = self._owner(context)
