@@ -64,9 +64,16 @@ from .overrides import Overrides, check_wire_overrides, offered_models
 from .roles import Role
 from .runtime import Conversation
 from .selectors import Selector
+from .taskstore import ObservedTaskStore
 from .tools import Sandbox, Workspace
 from .transcript import rebuild_transcript
-from .wire import CONFIG_KEY, PAUSE_ON_KEY, history_entries, pause_rules_from_wire, publish
+from .wire import (
+    CONFIG_KEY,
+    PAUSE_ON_KEY,
+    history_entries,
+    pause_rules_from_wire,
+    publish,
+)
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -87,6 +94,10 @@ DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
 
 # How long cancel and shutdown wait for a turn to publish its terminal state.
 _STOP_GRACE = 10.0
+
+# How long a new task's turn waits for the request handler to store the task
+# before giving up on the turn (no tool runs on a task that is not stored).
+_SAVE_LIMIT = 30.0
 
 
 def conversation_size(conversation: Conversation) -> int:
@@ -130,22 +141,6 @@ def _restore_lost_calls(
             entries[-1:-1] = restored
             return
     per_task[-1].extend(restored)
-
-
-class _OwnSaveFilter(logging.Filter):
-    """Drops a2a-sdk's "Task ... already exists. Ignoring task replacement."
-
-    `RoleExecutor.execute` stores a new task itself before any tool runs (so a
-    crash cannot lose it); the SDK then finds it stored when it handles the
-    task's first event, keeps the stored one (the same task) and logs that at
-    error level for every task. Nothing else is filtered.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).endswith("already exists. Ignoring task replacement.")
-
-
-logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_OwnSaveFilter())
 
 
 def _metadata(message: Message | None) -> dict[str, Any]:
@@ -220,6 +215,23 @@ class RoleExecutor(AgentExecutor):
         """Context id -> the task parked in input-required there."""
         self._pause_rules: dict[str, dict[str, Selector]] = {}
         """Task id -> its caller's pause rules, while a turn of it runs."""
+        self._unsaved: dict[str, anyio.Event] = {}
+        """New task id -> set once the request handler has stored the task."""
+        self._hears_saves = False
+
+    def saves_through(self, store: TaskStore) -> TaskStore:
+        """`store`, telling this executor of each task it saves: the store to
+        give the request handler. A new task's turn then waits, before its
+        first event goes on, until a2a-sdk has stored the task (so a crash
+        cannot lose a task whose tools ran) and the executor never writes a
+        task the SDK writes too."""
+        self._hears_saves = True
+        return ObservedTaskStore(store, self._saved)
+
+    async def _saved(self, task: Task, context: ServerCallContext) -> None:
+        stored = self._unsaved.get(task.id)
+        if stored is not None:
+            stored.set()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -290,22 +302,22 @@ class RoleExecutor(AgentExecutor):
         # SDK; the task's own context id is the one that isolates it.
         context_id = task.context_id if task is not None else (context.context_id or "")
         updater = TaskUpdater(event_queue, task_id, context_id)
+        opening: Task | None = None
         if task is None:
-            # The handler wants the Task enqueued before any status update.
-            task = Task(
+            # A new task: its Task frame goes out with the turn's first event.
+            task = opening = Task(
                 id=task_id,
                 context_id=context_id,
                 status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
                 history=[context.message] if context.message else [],
             )
-            await event_queue.enqueue_event(task)
-            if self.task_store is not None and context.call_context is not None:
-                # On disk before any tool can run: after a crash the task is
-                # found again (and marked lost), never sent and run a second time.
-                await self.task_store.save(task, context.call_context)
 
         async def emit(event: ChildEvent) -> None:
+            nonlocal opening
             self._hold_on_match(task_id, event)
+            if opening is not None:
+                first, opening = opening, None
+                await self._open_task(first, event_queue)
             await publish(updater, event)
 
         conversation = self._conversations.get(context_id)
@@ -345,6 +357,21 @@ class RoleExecutor(AgentExecutor):
         if self._conversations.get(context_id) is conversation:
             self._sizes[context_id] = conversation_size(conversation)
         self._evict()
+
+    async def _open_task(self, task: Task, event_queue: EventQueue) -> None:
+        """Send a new task's first frame, the Task (the handler wants it before
+        any status update), and wait until a2a-sdk has stored it: on disk
+        before any tool can run, so after a crash it is found again (and
+        marked lost), never sent and run a second time."""
+        stored = self._unsaved[task.id] = anyio.Event()
+        try:
+            await event_queue.enqueue_event(task)
+            if self._hears_saves:
+                with anyio.fail_after(_SAVE_LIMIT):
+                    await stored.wait()
+        finally:
+            if self._unsaved.get(task.id) is stored:
+                del self._unsaved[task.id]
 
     async def _cap(self, context: RequestContext, conversation: Conversation) -> Budget | None:
         """This turn's cap, for a conversation kept to a budget: what the

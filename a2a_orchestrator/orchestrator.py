@@ -25,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from a2a.helpers import get_message_text, new_data_part, new_text_part
@@ -117,23 +118,69 @@ def build_orchestrator_card(
     )
 
 
+class Run(Protocol):
+    """What an A2A task of the orchestrator runs: a pipeline or a parent
+    agent's turn, cancelled alike."""
+
+    async def cancel(self) -> None:
+        """Stop the run: its children are stopped, it ends as aborted."""
+        ...
+
+
+@dataclass(eq=False)
+class _TaskRun:
+    """One A2A task running in a session."""
+
+    task_id: str
+    scope: anyio.CancelScope
+    """Cancelled when the server stops (the task ends as `lost`)."""
+    run: Run | None = None
+    """What it runs, once it started one (cancel goes there)."""
+
+
+@dataclass(eq=False)
+class _SessionRecord:
+    """Everything the orchestrator holds for one open session."""
+
+    release: anyio.Event = field(default_factory=anyio.Event)
+    """Set to close the session (no request uses it, nothing of it runs)."""
+    session: Session | None = None
+    """The open session (None while it is being opened)."""
+    users: int = 0
+    """Requests using the session now."""
+    plane: ControlPlane | None = None
+    """Its root control plane (the HTTP control API's view of it)."""
+    parent: ParentAgent | None = None
+    """Its parent agent (delegate mode), kept while the session is open."""
+    reactions: Reactions | None = None
+    """The configured reactions, attached to its root parent once."""
+    tasks: dict[str, _TaskRun] = field(default_factory=dict)
+    """A2A task id -> the task running in it."""
+
+    def close(self) -> None:
+        """Let go of what belonged to the session (it closed)."""
+        self.plane = None
+        if self.reactions is not None:
+            self.reactions.close()
+            self.reactions = None
+        if self.parent is not None:
+            self.parent.close()
+            self.parent = None
+
+
 class _Host:
     """Holds sessions open in a task group owned by the server's lifespan.
 
     A session is opened once (concurrent requests for it wait for that one
     opening), counted per request using it, and closed when the last one
-    lets it go and it has nothing running.
+    lets it go and it has nothing running. Each open session has one
+    `_SessionRecord`, dropped (and closed) when the session closes.
     """
 
-    def __init__(
-        self, open_session: Callable[[str], Session], closed: Callable[[str], None]
-    ) -> None:
+    def __init__(self, open_session: Callable[[str], Session]) -> None:
         self._open = open_session
-        self._closed = closed
         self._tg: TaskGroup | None = None
-        self.sessions: dict[str, Session] = {}
-        self._release: dict[str, anyio.Event] = {}
-        self._users: dict[str, int] = {}
+        self.records: dict[str, _SessionRecord] = {}
         self._lock = anyio.Lock()
 
     @contextlib.asynccontextmanager
@@ -146,51 +193,49 @@ class _Host:
                 self._tg = None
                 tg.cancel_scope.cancel()
 
-    async def acquire(self, session_id: str) -> Session:
+    async def acquire(self, session_id: str) -> _SessionRecord:
         async with self._lock:
-            session = self.sessions.get(session_id)
-            if session is None:
+            record = self.records.get(session_id)
+            if record is None or record.session is None:
                 if self._tg is None:
                     raise RuntimeError("the orchestrator is not running")
-                session = await self._tg.start(self._hold, session_id)
-            self._users[session_id] = self._users.get(session_id, 0) + 1
-            return session
+                record = await self._tg.start(self._hold, session_id)
+            record.users += 1
+            return record
 
     async def _hold(
-        self, session_id: str, *, task_status: StartedStatus[Session] = anyio.TASK_STATUS_IGNORED
+        self,
+        session_id: str,
+        *,
+        task_status: StartedStatus[_SessionRecord] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        release = self._release[session_id] = anyio.Event()
+        record = _SessionRecord()
         try:
             async with self._open(session_id) as session:
-                self.sessions[session_id] = session
-                task_status.started(session)
-                await release.wait()
+                record.session = session
+                self.records[session_id] = record
+                task_status.started(record)
+                await record.release.wait()
         finally:
-            self.sessions.pop(session_id, None)
-            self._release.pop(session_id, None)
-            self._closed(session_id)
+            if self.records.get(session_id) is record:
+                del self.records[session_id]
+            record.close()
 
-    def release(self, session_id: str) -> None:
+    def release(self, record: _SessionRecord) -> None:
         """One request is done with the session; it closes once no request
         uses it and no child of it is running (maybe later, when they end)."""
-        users = self._users.get(session_id, 1) - 1
-        if users > 0:
-            self._users[session_id] = users
-            return
-        self._users.pop(session_id, None)
-        session = self.sessions.get(session_id)
-        if session is None:
+        record.users = max(record.users - 1, 0)
+        session = record.session
+        if record.users > 0 or session is None:
             return
 
         def close_when_idle(_handle: object = None) -> None:
-            if session_id in self._users:
+            if record.users > 0:
                 return  # a new request came: it releases the session again
             if any(h.running for h in session.children.values()):
                 return
             remove()
-            event = self._release.get(session_id)
-            if event is not None:
-                event.set()
+            record.release.set()
 
         remove = session.add_settle_listener(close_when_idle)
         close_when_idle()
@@ -222,12 +267,7 @@ class OrchestratorExecutor(AgentExecutor):
         self.parent_model = parent_model
         self.hooks = hooks or Hooks()
         self.max_concurrent = max_concurrent
-        self.planes: dict[str, ControlPlane] = {}
-        self._runs: dict[str, Pipeline | ParentAgent] = {}
-        self._scopes: dict[str, anyio.CancelScope] = {}
-        self._parents: dict[str, ParentAgent] = {}
         self._parent_lock = anyio.Lock()
-        self._reacting: dict[str, Reactions] = {}
         self.host = _Host(
             lambda session_id: Session(
                 store,
@@ -240,8 +280,25 @@ class OrchestratorExecutor(AgentExecutor):
                 sandbox=sandbox,
                 policy=policy,
             ),
-            self._session_closed,
         )
+
+    @property
+    def planes(self) -> dict[str, ControlPlane]:
+        """The open sessions' root control planes, by session id."""
+        return {
+            session_id: record.plane
+            for session_id, record in self.host.records.items()
+            if record.plane is not None
+        }
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        """The sessions this server holds open, by id."""
+        return {
+            session_id: record.session
+            for session_id, record in self.host.records.items()
+            if record.session is not None
+        }
 
     def running(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.host.running()
@@ -285,17 +342,19 @@ class OrchestratorExecutor(AgentExecutor):
                 )
             )
             return
-        session = await self.host.acquire(context_id)
+        record = await self.host.acquire(context_id)
+        session = record.session
+        assert session is not None  # acquire gives an open session
         try:
             with anyio.CancelScope() as scope:
-                self._scopes[task_id] = scope
+                run = record.tasks[task_id] = _TaskRun(task_id, scope)
                 async with session.relay() as relay, anyio.create_task_group() as tg:
                     tg.start_soon(self._forward, relay, updater)
                     try:
                         if mode == "pipeline":
-                            await self._pipeline(session, task_id, text, emit)
+                            await self._pipeline(record, session, run, text, emit)
                         else:
-                            await self._delegate(session, task_id, text, emit)
+                            await self._delegate(record, session, run, text, emit)
                     except Exception as exc:  # contained: the client gets a failed task
                         logger.exception("orchestrator task %s failed", task_id)
                         await emit(Failed(reason="error", message=f"{type(exc).__name__}: {exc}"))
@@ -311,9 +370,8 @@ class OrchestratorExecutor(AgentExecutor):
                     )
                 )
         finally:
-            self._runs.pop(task_id, None)
-            self._scopes.pop(task_id, None)
-            self.host.release(context_id)
+            record.tasks.pop(task_id, None)
+            self.host.release(record)
 
     async def _owns_session(self, session_id: str, context: RequestContext) -> bool:
         """Whether the request's caller owns the session (it does a new one).
@@ -350,18 +408,22 @@ class OrchestratorExecutor(AgentExecutor):
             await updater.update_status(TaskState.TASK_STATE_WORKING, message)
 
     async def _pipeline(
-        self, session: Session, task_id: str, text: str, emit: Callable[[ChildEvent], Any]
+        self,
+        record: _SessionRecord,
+        session: Session,
+        run: _TaskRun,
+        text: str,
+        emit: Callable[[ChildEvent], Any],
     ) -> None:
-        plane = self.planes.get(session.id)
-        if plane is None:
-            plane = self.planes[session.id] = ControlPlane(session, hooks=self.hooks)
-        self._react(plane)
+        if record.plane is None:
+            record.plane = ControlPlane(session, hooks=self.hooks)
+        self._react(record, record.plane)
         # A new pipeline run does not resume an earlier, interrupted one's
         # passes (`a2a-orchestrator resume` does, when asked).
         title = text.strip().splitlines()[0][:80] if text.strip() else "task"
-        brief = Brief(task=TaskSpec(id=task_id[:8], title=title, description=text))
+        brief = Brief(task=TaskSpec(id=run.task_id[:8], title=title, description=text))
         pipeline = Pipeline(session, brief)
-        self._runs[task_id] = pipeline
+        run.run = pipeline
         await emit(Started(role="orchestrator", model="pipeline"))
         try:
             result = await pipeline.run()
@@ -377,12 +439,17 @@ class OrchestratorExecutor(AgentExecutor):
         await emit(Done(text=summary, usage=result.usage))
 
     async def _delegate(
-        self, session: Session, task_id: str, text: str, emit: Callable[[ChildEvent], Any]
+        self,
+        record: _SessionRecord,
+        session: Session,
+        run: _TaskRun,
+        text: str,
+        emit: Callable[[ChildEvent], Any],
     ) -> None:
         # One parent agent per session while the session is open; a later
         # request restores it from the store.
         async with self._parent_lock:
-            parent = self._parents.get(session.id)
+            parent = record.parent
             if parent is None:
                 parent = await ParentAgent.restore(
                     session,
@@ -390,41 +457,36 @@ class OrchestratorExecutor(AgentExecutor):
                     hooks=self.hooks,
                     max_concurrent=self.max_concurrent,
                 )
-                self._parents[session.id] = parent
-        self.planes[session.id] = parent.plane
-        self._react(parent.plane)
+                record.parent = parent
+        record.plane = parent.plane
+        self._react(record, parent.plane)
         await session.recover()
-        self._runs[task_id] = parent
+        run.run = parent
         await parent.run(text, emit)
 
-    def _session_closed(self, session_id: str) -> None:
-        """Forget what belonged to a session the host closed."""
-        self.planes.pop(session_id, None)
-        reactions = self._reacting.pop(session_id, None)
-        if reactions is not None:
-            reactions.close()
-        parent = self._parents.pop(session_id, None)
-        if parent is not None:
-            parent.close()
-
-    def _react(self, plane: ControlPlane) -> None:
+    def _react(self, record: _SessionRecord, plane: ControlPlane) -> None:
         """Attach the configured reactions to a session's root parent (once)."""
-        if self.reactions and plane.session.id not in self._reacting:
-            self._reacting[plane.session.id] = Reactions(plane, self.reactions)
+        if self.reactions and record.reactions is None:
+            record.reactions = Reactions(plane, self.reactions)
+
+    def _task(self, task_id: str) -> _TaskRun | None:
+        for record in self.host.records.values():
+            run = record.tasks.get(task_id)
+            if run is not None:
+                return run
+        return None
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        run = self._runs.get(context.task_id or "")
-        if isinstance(run, Pipeline):
-            await run.cancel()
-        elif isinstance(run, ParentAgent):
-            await run.plane.stop_children()
-            run.conversation.abort("aborted", "canceled by request")
+        task = self._task(context.task_id or "")
+        if task is not None and task.run is not None:
+            await task.run.cancel()
 
     async def shutdown(self) -> None:
         """End the running A2A tasks as failed (reason `lost`); the children
         are not stopped: a later session resumes or re-attaches them."""
-        for scope in list(self._scopes.values()):
-            scope.cancel()
+        for record in list(self.host.records.values()):
+            for task in list(record.tasks.values()):
+                task.scope.cancel()
 
 
 @contextlib.asynccontextmanager
@@ -486,7 +548,7 @@ async def run_orchestrator_server(
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
         extra_routes=[
             *api_routes(store, lambda: executor.planes),
-            *ui_routes(store, lambda: executor.host.sessions),
+            *ui_routes(store, lambda: executor.sessions),
         ],
     )
     # Outermost: a browser's login cookie becomes the bearer header that the

@@ -260,6 +260,12 @@ class ParentAgent:
 
         self.session.start_soon(turns, name="parent turns")
 
+    async def cancel(self) -> None:
+        """Stop the parent's children and end its running turn as aborted
+        (the same `cancel` as `Pipeline.cancel`, for the orchestrator server)."""
+        await self.plane.stop_children()
+        self.conversation.abort("aborted", "canceled by request")
+
     def close(self) -> None:
         self.supervisor.close()
         self.plane.close()

@@ -269,6 +269,7 @@ class Pipeline:
         return self.state in ("done", "failed")
 
     async def cancel(self) -> None:
+        """Cancel the run: the running pass's child is cancelled, no later pass starts."""
         self._cancelled = True
         if self._current is not None:
             await self._current.cancel()

@@ -11,6 +11,11 @@ the first directory holding `<name>.md` or `<name>.json` wins (within one
 directory `.md` beats `.json`). A file is parsed only when it is asked for,
 so a broken file in one directory never hides a good role in another, and
 `list_roles()` raises `RoleFileError` for the first broken file it loads.
+
+Parsed roles are cached by the file's resolved path and its (modification
+time in ns, size, inode): a spawn that finds an unchanged file does not
+read or parse it again, an edited or replaced file is read afresh. Only good
+files are cached; a broken one is read (and refused) each time.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import json
 import math
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +41,11 @@ from .lookup import lookup_dirs, shipped_dir
 __all__ = [
     "ROLE_NAME_PATTERN",
     "Role",
+    "RoleCache",
     "find_role",
     "list_roles",
     "load_role_file",
+    "role_cache",
     "role_dirs",
     "shipped_roles_dir",
     "validate_role_name",
@@ -220,13 +229,71 @@ def list_roles(
     return {name: load_role_file(index[name]) for name in sorted(index)}
 
 
+class RoleCache:
+    """Parsed roles by resolved path, valid while the file's stat is unchanged."""
+
+    MAX_ENTRIES = 512
+    """Files kept; the least recently used is dropped past this."""
+
+    def __init__(self) -> None:
+        # Keyed by the file and the name it was reached by: the name is the
+        # role's name, so a link under another name is checked on its own.
+        self._roles: OrderedDict[tuple[Path, str], tuple[tuple[int, int, int], Role]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+        self.parses = 0
+        """Role files read and parsed so far (a cache miss each)."""
+
+    def load(self, path: Path) -> Role:
+        try:
+            key = (path.resolve(), path.name)
+            # Taken before the read: an edit landing in between gives a newer
+            # stat next time, so the file is read again rather than kept stale.
+            st = os.stat(key[0])
+        except (OSError, RuntimeError):
+            return self._parse(path)  # the parse reports the problem
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        with self._lock:
+            cached = self._roles.get(key)
+            if cached is not None and cached[0] == stamp:
+                self._roles.move_to_end(key)
+                role = cached[1]
+                # The same file reached by another spelling names that spelling.
+                return role if role.source == path else dataclasses.replace(role, source=path)
+        role = self._parse(path)
+        with self._lock:
+            self._roles[key] = (stamp, role)
+            self._roles.move_to_end(key)
+            while len(self._roles) > self.MAX_ENTRIES:
+                self._roles.popitem(last=False)
+        return role
+
+    def clear(self) -> None:
+        with self._lock:
+            self._roles.clear()
+
+    def _parse(self, path: Path) -> Role:
+        with self._lock:
+            self.parses += 1
+        return _parse_role_file(path)
+
+
+role_cache = RoleCache()
+"""The process's role cache (`load_role_file`, `find_role`, `list_roles`)."""
+
+
 def load_role_file(path: str | os.PathLike[str]) -> Role:
-    """Parse and validate one role file (`.md` or `.json`).
+    """Parse and validate one role file (`.md` or `.json`), or the cached
+    role when the file is unchanged since it was last parsed.
 
     Every problem is a `RoleFileError` naming the file and, where there is
     one, the field.
     """
-    path = Path(path)
+    return role_cache.load(Path(path))
+
+
+def _parse_role_file(path: Path) -> Role:
     where = str(path)
     suffix = path.suffix.lower()
     if suffix not in _SUFFIXES:

@@ -80,7 +80,7 @@ from .taskstore import ObservedTaskStore, SQLiteTaskStore
 from .tools import Sandbox, Workspace
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
-from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY
+from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY, write_at_once
 
 __all__ = [
     "REST_PREFIX",
@@ -100,6 +100,10 @@ logger = logging.getLogger(__name__)
 
 REST_PREFIX = "/rest"
 BEARER_SCHEME = "bearer"
+
+FRAME_WRITE_DELAY = 0.05
+"""Seconds a task's frames that change neither its state nor its artifacts
+(text, messages, tool calls) may wait in memory to be written together."""
 
 
 def agent_card(
@@ -217,7 +221,8 @@ def journal_path(db: str, role: str, workdir: Path) -> Path:
 
 
 def open_task_store(db: str) -> TaskStore:
-    """The task store for `db`: a file path gives an `SQLiteTaskStore`, an
+    """The task store for `db`: a file path gives an `SQLiteTaskStore`
+    (coalescing frame saves, `FRAME_WRITE_DELAY`), an
     SQLAlchemy async URL (PostgreSQL for replicas, or any other) gives
     a2a-sdk's `DatabaseTaskStore`."""
     if "://" in db:
@@ -230,7 +235,9 @@ def open_task_store(db: str) -> TaskStore:
                 "pip install 'a2a-orchestrator[postgresql]')"
             ) from exc
         return DatabaseTaskStore(engine, create_table=True)
-    return SQLiteTaskStore(Path(db).expanduser())
+    return SQLiteTaskStore(
+        Path(db).expanduser(), coalesce=FRAME_WRITE_DELAY, write_now=write_at_once
+    )
 
 
 class _Owner(User):
@@ -321,9 +328,10 @@ def build_app(
     )
     observed = ObservedTaskStore(task_store, quotas.observe) if quotas else task_store
     if isinstance(executor, RoleExecutor):
-        # The executor saves a new task itself before its tools run: through
-        # the same store, so quotas see that save like the SDK's own.
+        # The executor reads a context's earlier tasks through the same store,
+        # and hears of each save (a new task's turn waits for its first one).
         executor.task_store = observed
+        observed = executor.saves_through(observed)
         if quotas is not None:
             # A caller's budget never lifts its limits here: each turn is
             # capped by what its tokens_per_day leaves.

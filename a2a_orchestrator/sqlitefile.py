@@ -57,6 +57,14 @@ class SQLiteFile:
 
         return await anyio.to_thread.run_sync(locked)
 
+    def run_here(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on this thread, alone on the connection (for a last write
+        on close, where there is no event loop to wait on)."""
+        with self._lock:
+            if self._closed:
+                raise ConfigError(f"{self.what} {self.path} is closed")
+            return fn()
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:

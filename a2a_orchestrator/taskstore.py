@@ -8,6 +8,21 @@ protobuf bytes in one row and runs plain sqlite3 in a worker thread: a few
 hundred microseconds a call. For PostgreSQL, or several replicas on one
 database, pass an SQLAlchemy URL and the server uses `DatabaseTaskStore`.
 
+Saves: a2a-sdk saves the whole task on every event, so each save grows with
+the task's history. This store writes at once what a crash must not lose: a
+new task, a change of state, a change of artifacts, and frames `write_now`
+picks (a role server: a tool's result, since the call's journal row closes
+once its result is out); other frames of a task in the same state (text
+deltas, messages, tool calls, whose starts the journal keeps) are
+coalesced: held in memory, served by `get`, and written with the next
+write, or `coalesce` seconds later, in one transaction with every other held
+frame. `list`, `context_owners` and `unfinished` write what is held first.
+
+The file has one writer, this store (a role server's own SQLite file;
+replicas share a database through `DatabaseTaskStore` instead), so it also
+answers `get` from memory for the tasks still running or waiting here and
+for ids it found absent, without a trip to a worker thread.
+
 Tasks are scoped to their owner (the authenticated user) like the SDK's
 stores: another owner's task is not found. Only the server itself looks
 across owners: `context_owners` (which callers use a context id, so one
@@ -20,10 +35,14 @@ caller cannot continue a conversation in another's context) and
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import builtins
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +57,48 @@ from .sqlitefile import SQLiteFile
 __all__ = ["ObservedTaskStore", "SQLiteTaskStore", "context_owners"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+_TERMINAL = frozenset(
+    {
+        TaskState.TASK_STATE_COMPLETED,
+        TaskState.TASK_STATE_FAILED,
+        TaskState.TASK_STATE_CANCELED,
+        TaskState.TASK_STATE_REJECTED,
+    }
+)
+
+_REMEMBERED = 4096
+"""Live tasks, and ids found absent, answered from memory (most recent)."""
+
+_UPSERT = (
+    "INSERT INTO tasks (id, owner, context_id, state, updated_ns, data) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+    "context_id = excluded.context_id, state = excluded.state, "
+    "updated_ns = excluded.updated_ns, data = excluded.data "
+    "WHERE tasks.owner = excluded.owner"
+)
+
+_Row = tuple[str, str, str, int, int, bytes]
+"""(id, owner, context_id, state, updated_ns, data): one task's row."""
+
+
+@dataclass
+class _Known:
+    """The latest saved version of a live task (maybe not written yet)."""
+
+    owner: str
+    data: bytes
+    written_state: int
+    """The state on disk; a save in another state is written at once."""
+    written_artifacts: bytes
+    """The artifacts on disk (serialized); a save that changes them is written at once."""
+
+
+def _artifacts(task: Task) -> bytes:
+    return b"".join(artifact.SerializeToString() for artifact in task.artifacts)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -75,61 +136,189 @@ class SQLiteTaskStore(TaskStore):
     """A task store on one SQLite file (see the module docstring)."""
 
     def __init__(
-        self, path: str | Path, owner_resolver: OwnerResolver = resolve_user_scope
+        self,
+        path: str | Path,
+        owner_resolver: OwnerResolver = resolve_user_scope,
+        *,
+        coalesce: float = 0.0,
+        write_now: Callable[[Task], bool] | None = None,
     ) -> None:
+        """`coalesce`: seconds a coalesced frame may wait to be written (0:
+        every save is written at once). `write_now`: frames to write at once
+        though the task's state did not change."""
         self.path = Path(path)
         self._owner = owner_resolver
         self._file = SQLiteFile(path, "task store")
         self._db = self._file.conn
         self._db.executescript(_SCHEMA)
         self._run = self._file.run
+        self._coalesce = coalesce
+        self._write_now = write_now
+        self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._absent: OrderedDict[str, None] = OrderedDict()
+        self._held: dict[str, _Row] = {}
+        """Task id -> its coalesced row, not written yet."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+        self._writing: builtins.list[_Row] = []
+        """Held rows a timer's flush is writing now (close writes them too)."""
+        self._closed = False
 
     def close(self) -> None:
+        """Write what is held, then close the file."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # A flush under way may not reach the file before it closes: its rows
+        # first (older), then what is held (newer); writing a row twice is harmless.
+        rows = [*self._writing, *self._take_held()]
+        if rows:
+            try:
+                self._file.run_here(lambda: self._write(rows))
+            except Exception:
+                logger.exception("task store: could not write %d held task(s) on close", len(rows))
         self._file.close()
 
+    def _write(self, rows: builtins.list[_Row]) -> int:
+        """Write `rows` in one transaction; the rows the last one changed."""
+        changed = 0
+        with self._db:
+            for row in rows:
+                changed = self._db.execute(_UPSERT, row).rowcount
+        return changed
+
+    def _take_held(self) -> builtins.list[_Row]:
+        rows = list(self._held.values())
+        self._held.clear()
+        return rows
+
+    def _remember(self, task_id: str, known: _Known) -> None:
+        self._absent.pop(task_id, None)
+        self._known[task_id] = known
+        self._known.move_to_end(task_id)
+        while len(self._known) > _REMEMBERED:
+            oldest = next(iter(self._known))
+            if oldest in self._held:
+                break  # written within `coalesce` seconds, then forgotten later
+            del self._known[oldest]
+
+    def _note_absent(self, task_id: str) -> None:
+        self._absent[task_id] = None
+        self._absent.move_to_end(task_id)
+        while len(self._absent) > _REMEMBERED:
+            self._absent.popitem(last=False)
+
+    def _may_hold(self, task: Task, owner: str, state: int) -> bool:
+        if self._coalesce <= 0 or state in _TERMINAL or self._closed:
+            return False
+        known = self._known.get(task.id)
+        if known is None or known.owner != owner or known.written_state != state:
+            return False
+        if (task.artifacts or known.written_artifacts) and _artifacts(
+            task
+        ) != known.written_artifacts:
+            return False
+        return self._write_now is None or not self._write_now(task)
+
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        row = (
-            task.id,
-            self._owner(context),
-            task.context_id,
-            int(task.status.state),
-            _updated_ns(task),
-            task.SerializeToString(),
-        )
+        owner = self._owner(context)
+        state = int(task.status.state)
+        data = task.SerializeToString()
+        row: _Row = (task.id, owner, task.context_id, state, _updated_ns(task), data)
+        known = self._known.get(task.id)
+        if self._may_hold(task, owner, state):
+            assert known is not None
+            known.data = data
+            self._known.move_to_end(task.id)
+            self._held[task.id] = row
+            self._schedule_flush()
+            return
+        # Written now, with every frame held so far (one transaction).
+        self._held.pop(task.id, None)
+        rows = [*self._take_held(), row]
+        try:
+            # Whether the row is this owner's (another's is left unchanged).
+            ours = await self._run(lambda: self._write(rows) == 1)
+        except BaseException:
+            for held in rows[:-1]:
+                self._held.setdefault(held[0], held)
+            raise
+        if ours and state not in _TERMINAL:
+            self._remember(task.id, _Known(owner, data, state, _artifacts(task)))
+        else:
+            self._known.pop(task.id, None)
+            self._absent.pop(task.id, None)
 
-        def write() -> None:
-            with self._db:
-                self._db.execute(
-                    "INSERT INTO tasks (id, owner, context_id, state, updated_ns, data) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
-                    "context_id = excluded.context_id, state = excluded.state, "
-                    "updated_ns = excluded.updated_ns, data = excluded.data "
-                    "WHERE tasks.owner = excluded.owner",
-                    row,
-                )
+    def _schedule_flush(self) -> None:
+        if self._timer is None and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._coalesce, self._start_flush)
 
-        await self._run(write)
+    def _start_flush(self) -> None:
+        self._timer = None
+        flush = asyncio.ensure_future(self.flush())
+        self._flushes.add(flush)
+        flush.add_done_callback(self._flushes.discard)
+
+    async def flush(self) -> None:
+        """Write the coalesced frames now (a failed write keeps them held)."""
+        rows = self._take_held()
+        if not rows or self._closed:
+            return
+        self._writing = rows
+        try:
+            await self._run(lambda: self._write(rows))
+        except Exception:
+            if self._closed:
+                return  # close wrote them
+            logger.exception("task store: could not write %d task(s); kept to retry", len(rows))
+            for row in rows:
+                self._held.setdefault(row[0], row)
+            self._schedule_flush()
+        finally:
+            self._writing = []
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         owner = self._owner(context)
+        known = self._known.get(task_id)
+        if known is not None:
+            return Task.FromString(known.data) if known.owner == owner else None
+        if task_id in self._absent:
+            return None
 
-        def read() -> bytes | None:
-            found = self._db.execute(
-                "SELECT data FROM tasks WHERE id = ? AND owner = ?", (task_id, owner)
+        def read() -> tuple[bytes, str, int] | None:
+            return self._db.execute(
+                "SELECT data, owner, state FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
-            return found[0] if found else None
 
-        data = await self._run(read)
-        return Task.FromString(data) if data is not None else None
+        found = await self._run(read)
+        if task_id in self._known or task_id in self._absent:
+            # Saved meanwhile: memory is newer than what was read.
+            return await self.get(task_id, context)
+        if found is None:
+            self._note_absent(task_id)
+            return None
+        data, row_owner, state = found
+        task = Task.FromString(data)
+        if state not in _TERMINAL:
+            self._remember(task_id, _Known(row_owner, data, state, _artifacts(task)))
+        return task if row_owner == owner else None
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         owner = self._owner(context)
+        rows = self._take_held()
 
         def remove() -> None:
+            self._write(rows)
             with self._db:
                 self._db.execute("DELETE FROM tasks WHERE id = ? AND owner = ?", (task_id, owner))
 
         await self._run(remove)
+        known = self._known.get(task_id)
+        if known is not None and known.owner == owner:
+            del self._known[task_id]
+            self._note_absent(task_id)
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         """Newest first (by the status timestamp, then id), paged by an opaque cursor."""
@@ -152,7 +341,10 @@ class SQLiteTaskStore(TaskStore):
             page_args.extend([updated, updated, task_id])
         page_size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
 
+        held = self._take_held()
+
         def query() -> tuple[int, list[tuple[bytes, int, str]]]:
+            self._write(held)
             total = self._db.execute(
                 f"SELECT COUNT(*) FROM tasks WHERE {' AND '.join(where)}", args
             ).fetchone()[0]
@@ -176,7 +368,10 @@ class SQLiteTaskStore(TaskStore):
     async def context_owners(self, context_id: str) -> set[str]:
         """The owners of the tasks in `context_id`, whoever asks."""
 
+        held = self._take_held()
+
         def query() -> builtins.list[tuple[str]]:
+            self._write(held)
             return self._db.execute(
                 "SELECT DISTINCT owner FROM tasks WHERE context_id = ?", (context_id,)
             ).fetchall()
@@ -186,7 +381,10 @@ class SQLiteTaskStore(TaskStore):
     async def unfinished(self) -> builtins.list[tuple[Task, str]]:
         """Tasks still submitted or working, with their owners (start-up recovery)."""
 
+        held = self._take_held()
+
         def query() -> builtins.list[tuple[bytes, str]]:
+            self._write(held)
             return self._db.execute(
                 "SELECT data, owner FROM tasks WHERE state IN (?, ?)",
                 (int(TaskState.TASK_STATE_SUBMITTED), int(TaskState.TASK_STATE_WORKING)),
@@ -221,7 +419,7 @@ class ObservedTaskStore(TaskStore):
 async def context_owners(store: object, context_id: str) -> set[str]:
     """The owners of the tasks in `context_id` (any owner's), for the stores
     that can tell (ours, a2a-sdk's SQL store); other stores tell nothing."""
-    if isinstance(store, ObservedTaskStore):
+    while isinstance(store, ObservedTaskStore):
         store = store.inner
     if isinstance(store, SQLiteTaskStore):
         return await store.context_owners(context_id)

@@ -76,6 +76,7 @@ __all__ = [
     "plain",
     "publish",
     "transcript_from_history",
+    "write_at_once",
 ]
 
 EVENT_KEY = "a2a_orchestrator.event"
@@ -164,6 +165,17 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
                 else TaskState.TASK_STATE_FAILED
             )
             await _status(updater, state, [new_text_part(message)], meta, event.uuid)
+
+
+def write_at_once(task: Task) -> bool:
+    """Whether a stored task's latest frame must reach the disk at once though
+    its state did not change (`SQLiteTaskStore`'s `write_now`): a tool's
+    result, since the call's journal row is closed once its result is out,
+    and a crash must not leave a closed call whose result is unknown."""
+    if not task.status.HasField("message"):
+        return False
+    kind = task.status.message.metadata.fields.get(EVENT_KEY)
+    return kind is not None and kind.string_value == "tool_result"
 
 
 async def _status(

@@ -389,3 +389,42 @@ def test_with_overrides_refuses_bad_values(overrides: dict[str, object]) -> None
 def test_all_exports_exist() -> None:
     for name in roles.__all__:
         assert hasattr(roles, name), name
+
+
+# --- the role cache -----------------------------------------------------------
+
+
+def test_an_unchanged_role_file_is_parsed_once_and_an_edit_is_picked_up(tmp_path: Path) -> None:
+    path = write_role(tmp_path / "roles", "cached.md", md_role("first", "Prompt one."))
+    before = roles.role_cache.parses
+    first = find_role("cached", cwd=tmp_path, home=tmp_path)
+    again = find_role("cached", cwd=tmp_path, home=tmp_path)
+    assert roles.role_cache.parses == before + 1
+    assert again == first and again.prompt == "Prompt one."
+
+    # A longer text: the size changes even where the clock's grain would not.
+    path.write_text(md_role("second", "Prompt two, edited."), encoding="utf-8")
+    edited = find_role("cached", cwd=tmp_path, home=tmp_path)
+    assert roles.role_cache.parses == before + 2
+    assert edited.description == "second" and edited.prompt == "Prompt two, edited."
+    assert load_role_file(path) == edited
+    assert roles.role_cache.parses == before + 2
+
+
+def test_a_replaced_role_file_is_read_again(tmp_path: Path) -> None:
+    path = write_role(tmp_path, "swapped.md", md_role("old", "Same size A."))
+    assert load_role_file(path).prompt == "Same size A."
+    before = roles.role_cache.parses
+    # Same size, put in place by rename (as editors save): a new inode.
+    replacement = write_role(tmp_path, "tmp-swapped.md", md_role("old", "Same size B."))
+    replacement.replace(path)
+    assert load_role_file(path).prompt == "Same size B."
+    assert roles.role_cache.parses == before + 1
+
+
+def test_a_broken_role_file_is_not_cached(tmp_path: Path) -> None:
+    path = write_role(tmp_path, "broken.md", "---\nmax_turns: 0\n---\nPrompt.\n")
+    with pytest.raises(RoleFileError):
+        load_role_file(path)
+    path.write_text("---\nmax_turns: 3\n---\nPrompt.\n", encoding="utf-8")
+    assert load_role_file(path).max_turns == 3
