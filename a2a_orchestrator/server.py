@@ -58,6 +58,7 @@ from ._version import __version__ as VERSION
 from .access import Access
 from .budgets import PriceTable
 from .callers import Limits
+from .cards import CardOptions
 from .errors import ConfigError
 from .events import new_uuid
 from .executor import DEFAULT_MAX_MEMORY, HOLD_LIMIT, RoleExecutor
@@ -110,26 +111,33 @@ def agent_card(
     auth: bool = False,
     extensions: Sequence[AgentExtension] = (),
     access: Access | None = None,
+    legacy: bool = True,
 ) -> AgentCard:
     """A card for one of our A2A servers at `url`: JSON-RPC and HTTP+JSON on
-    protocol 1.0, JSON-RPC on 0.3 too, streaming, and the security schemes
-    `access` accepts (`auth` alone: the bearer scheme)."""
+    protocol 1.0, on 0.3 too unless `legacy` is off, streaming, and the
+    security schemes `access` accepts (`auth` alone: the bearer scheme).
+
+    Without the 0.3 interfaces a2a-sdk serves the card without the v0.3
+    top-level fields (`url`, `protocolVersion`, ...): a pure v1.0 card
+    (`cards.py`). The 0.3 routes keep answering either way."""
     url = url.rstrip("/")
-    card = AgentCard(
-        name=name,
-        description=description,
-        version=VERSION,
-        supported_interfaces=[
-            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
-            AgentInterface(
-                url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="1.0"
-            ),
-            # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick these.
+    interfaces = [
+        AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
+        AgentInterface(url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="1.0"),
+    ]
+    if legacy:
+        # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick these.
+        interfaces += [
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
             AgentInterface(
                 url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="0.3"
             ),
-        ],
+        ]
+    card = AgentCard(
+        name=name,
+        description=description,
+        version=VERSION,
+        supported_interfaces=interfaces,
         capabilities=AgentCapabilities(
             streaming=True, push_notifications=False, extensions=list(extensions)
         ),
@@ -178,8 +186,9 @@ def build_card(
     auth: bool = False,
     sandbox: Sandbox | None = None,
     access: Access | None = None,
+    legacy: bool = True,
 ) -> AgentCard:
-    """The agent card of a role served at `url`.
+    """The agent card of a role served at `url` (`legacy`: see `agent_card`).
 
     A role with `run_command` whose operator turned the sandbox off says so
     in its description: callers should know their task runs unconfined.
@@ -204,6 +213,7 @@ def build_card(
         auth=auth,
         extensions=[CONTROL_CARD_EXTENSION],
         access=access,
+        legacy=legacy,
     )
 
 
@@ -466,6 +476,7 @@ async def run_role_server(
     max_memory: int = DEFAULT_MAX_MEMORY,
     sandbox: Sandbox | None = None,
     prices: PriceTable | None = None,
+    card_options: CardOptions | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -486,7 +497,8 @@ async def run_role_server(
     `Sandbox.from_env()`); a file task store is hidden from them. Raises
     `ConfigError` before binding when the role lists `run_command` and the
     sandbox cannot be had here; an operator's opt-out is logged as a warning
-    and shown in the card's description.
+    and shown in the card's description. `card_options`: the protocol
+    versions the card lists and its signing key (default: both, unsigned).
     """
     # A script in the model allow-list is refused before the port is taken.
     offered_models(role, model_names)
@@ -517,9 +529,11 @@ async def run_role_server(
     )
     if access is None and token:
         access = Access(token=token)
+    card_options = card_options or CardOptions()
+    card = build_card(role, url, sandbox=sandbox, access=access, legacy=card_options.legacy)
     app = build_app(
         executor,
-        build_card(role, url, sandbox=sandbox, access=access),
+        card_options.finish(card),
         task_store,
         access=access,
         # Usage is kept per caller: with auth off there is one anonymous

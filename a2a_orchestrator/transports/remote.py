@@ -91,6 +91,7 @@ from a2a.utils.errors import A2AError, InvalidParamsError
 from anyio.streams.memory import MemoryObjectSendStream
 from google.protobuf.json_format import MessageToDict
 
+from ..cards import verify_card
 from ..delegation import CANCELED_TEXT, ChildConfig, Emit
 from ..errors import (
     AgentUnavailableError,
@@ -814,9 +815,11 @@ class RemoteDelegate:
         self._credential_services: dict[str, CredentialService | None] = {}
 
     async def card(self, spec: AgentSpec) -> AgentCard:
-        """The agent's card (cached per URL)."""
+        """The agent's card (cached per URL and key), its signature checked
+        when the agent file names a `card_key`."""
         url = spec.url or ""
-        card = self._cards.get(url)
+        key = f"{url} {spec.card_key} {spec.require_signature}"
+        card = self._cards.get(key)
         if card is None:
             try:
                 with _translated(url):
@@ -825,7 +828,14 @@ class RemoteDelegate:
                 # a2a-sdk lets a body that is not UTF-8 escape as a bare
                 # UnicodeDecodeError, which names no agent.
                 raise ProtocolError(f"agent at {url} has no usable agent card: {exc}") from exc
-            self._cards[url] = card
+            await verify_card(
+                card,
+                agent=spec.name,
+                key_source=spec.card_key,
+                required=spec.require_signature,
+                http=self.http,
+            )
+            self._cards[key] = card
         return card
 
     def turn_timeout(self, spec: AgentSpec, config: ChildConfig) -> float:
