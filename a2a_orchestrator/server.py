@@ -62,6 +62,7 @@ from .cards import CardOptions
 from .errors import ConfigError
 from .events import new_uuid
 from .executor import DEFAULT_MAX_MEMORY, HOLD_LIMIT, RoleExecutor
+from .guards import guard_routes
 from .handler import CONTROL_ACTIONS, RoleRequestHandler
 from .journal import ToolJournal
 from .middleware import (
@@ -382,6 +383,8 @@ def build_app(
             handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True, context_builder=builder
         ),
     ]
+    # Bad input gets the spec's error where the SDK's routes answer 500.
+    routes = guard_routes(routes, rpc_path="/", rest_prefix=REST_PREFIX)
     middleware = [
         Middleware(
             BodyLimitMiddleware,
@@ -419,6 +422,8 @@ class RunningServer:
     executor: Any
     stopped: anyio.Event
     """Set once the server has shut down (e.g. after SIGTERM)."""
+    app: Starlette | None = None
+    """The app served (its routes, for tools and tests that walk them)."""
 
 
 def public_url_for(host: str, port: int, public_url: str | None) -> str:
@@ -453,7 +458,7 @@ async def run_server(
 
     async with anyio.create_task_group() as tg:
         port = await tg.start(run)
-        yield RunningServer(url=url, port=port, executor=executor, stopped=stopped)
+        yield RunningServer(url=url, port=port, executor=executor, stopped=stopped, app=app)
         tg.cancel_scope.cancel()
 
 
