@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 
 from ._version import __version__
+from .cards import PROTOCOLS
 from .commands import ASYNC_COMMANDS, DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES
 from .errors import OrchestratorError
 from .up import up
@@ -250,6 +251,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--store", type=Path, default=None, help="orchestrator only: its store (under --workdir)"
+    )
+    serve.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default=None,
+        help="A2A versions the agent card lists: both (1.0 and 0.3, so v0.3 peers can "
+        "read it) or 1.0 (a card with v1.0 fields only) (default: $A2A_PROTOCOL or both)",
+    )
+    serve.add_argument(
+        "--card-key",
+        type=Path,
+        default=None,
+        help="PEM private key (RSA, EC, Ed25519) to sign the agent card with "
+        "(default: $A2A_CARD_KEY, the key itself or its path; unset: unsigned)",
+    )
+    serve.add_argument(
+        "--card-key-id",
+        default=None,
+        help="the signature's key id (default: $A2A_CARD_KEY_ID, else the key's "
+        "RFC 7638 thumbprint)",
     )
     _sandbox_options(serve)
     _access_options(serve)

@@ -20,6 +20,7 @@ import httpx
 
 from .budgets import Spend
 from .callers import add_caller
+from .cards import CardOptions
 from .control import ControlPlane
 from .conversations import CONTROL_TOOL_NAMES
 from .delegation import CANCELED_TEXT, ChildConfig, Resume
@@ -399,6 +400,9 @@ async def _serve(args: argparse.Namespace) -> int:
         access=access,
         public_url=args.public_url,
         sandbox=sandbox,
+        card_options=CardOptions.from_settings(
+            protocol=args.protocol, key_path=args.card_key, key_id=args.card_key_id
+        ),
         install_signal_handlers=True,
     )
     if args.role == "orchestrator":

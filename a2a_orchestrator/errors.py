@@ -18,6 +18,7 @@
         ├── AgentUnavailableError    the agent cannot be reached
         ├── DelegationTimeoutError   the agent did not answer in time
         └── ProtocolError            the agent answered outside the A2A protocol
+            └── UntrustedCardError   its card lacks the signature the network requires
 
 On the wire the role server uses a2a-sdk's error classes, so JSON-RPC error
 codes stay the standard ones; these classes never cross the network.
@@ -44,6 +45,7 @@ __all__ = [
     "StoreError",
     "ToolError",
     "UnknownChildError",
+    "UntrustedCardError",
 ]
 
 
@@ -136,3 +138,7 @@ class DelegationTimeoutError(DelegationError):
 
 class ProtocolError(DelegationError):
     """The agent answered with something the A2A protocol does not allow."""
+
+
+class UntrustedCardError(ProtocolError):
+    """The agent's card is not signed with the key the network requires for it."""

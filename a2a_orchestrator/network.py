@@ -19,6 +19,14 @@ before they expire):
     scope = "a2a"                 # optional
     audience = "https://coder.example"          # optional (Auth0 and others want it)
 
+An agent whose card must be signed names the key that signs it (a PEM
+public key or a JWKS; a path, relative to the agent file, or an https URL):
+
+    card_key = "keys/coder.pub.pem"
+    require_signature = true      # an unsigned card is refused too
+
+With `card_key` alone a signed card must verify and an unsigned one passes.
+
 Containers re-point agents without editing files: `A2A_AGENT_<NAME>_URL`
 (the name upper-cased, `-` as `_`) replaces `url`, and an empty value or
 `local` makes the agent in-process; `A2A_AGENT_<NAME>_TOKEN_ENV` replaces
@@ -59,7 +67,19 @@ __all__ = [
 
 _SUFFIX = ".toml"
 _OAUTH_FIELDS = ("token_url", "client_id", "client_secret_env", "scope", "audience")
-_FIELDS = frozenset({"name", "role", "url", "token_env", "description", "port", *_OAUTH_FIELDS})
+_FIELDS = frozenset(
+    {
+        "name",
+        "role",
+        "url",
+        "token_env",
+        "description",
+        "port",
+        "card_key",
+        "require_signature",
+        *_OAUTH_FIELDS,
+    }
+)
 # POSIX-portable variable names; this catches a token pasted where its
 # variable's name belongs (a token with '-' or '.' in it fails here).
 _ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -94,8 +114,18 @@ class AgentSpec:
     """The scope to ask `token_url` for, if any."""
     audience: str | None = None
     """The audience to ask `token_url` for, if any (an extension many providers use)."""
+    card_key: str | None = None
+    """The key its card's signature must verify with: a PEM public key or a
+    JWKS, as a file path or an https URL (`cards.verify_card`)."""
+    require_signature: bool = False
+    """Refuse its card when it carries no signature (needs `card_key`)."""
 
     def __post_init__(self) -> None:
+        if self.require_signature and self.card_key is None:
+            raise ConfigError(
+                f"agent {self.name!r}: field 'require_signature': needs 'card_key', "
+                "the key the signature is checked with"
+            )
         for field, problem in (
             ("name", _name_problem(self.name)),
             ("role", _name_problem(self.role)),
@@ -237,6 +267,12 @@ def load_agent_file(
     port_problem = _port_problem(port)
     if port_problem:
         raise _file_error(where, "port", port_problem)
+    card_key = _optional_string(where, data, "card_key")
+    if card_key is not None and not card_key.startswith(("https://", "http://")):
+        card_key = str(path.parent / Path(card_key).expanduser())
+    require_signature = data.get("require_signature", False)
+    if not isinstance(require_signature, bool):
+        raise _file_error(where, "require_signature", "must be true or false")
 
     url, token_env = _apply_overrides(name, where, url, token_env, environ)
     try:
@@ -248,6 +284,8 @@ def load_agent_file(
             description=description.strip(),
             port=port,
             source=path,
+            card_key=card_key,
+            require_signature=require_signature,
             **oauth,
         )
     except ConfigError as exc:

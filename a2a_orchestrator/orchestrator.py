@@ -47,6 +47,7 @@ from google.protobuf.json_format import MessageToDict
 
 from .access import Access
 from .api import OWNER_KEY, api_routes
+from .cards import CardOptions
 from .control import ControlPlane
 from .events import ChildEvent, Done, Failed, MessageDelta, Started, event_to_dict
 from .hooks import Hooks
@@ -85,11 +86,17 @@ MODES = ("pipeline", "delegate")
 
 
 def build_orchestrator_card(
-    url: str, *, auth: bool = False, unsandboxed: bool = False, access: Access | None = None
+    url: str,
+    *,
+    auth: bool = False,
+    unsandboxed: bool = False,
+    access: Access | None = None,
+    legacy: bool = True,
 ) -> AgentCard:
     """The orchestrator's card; `unsandboxed`: its in-process agents run
     commands without a sandbox (the operator opted out), and it says so.
-    `access`: the credentials it accepts (`auth` alone: a bearer token)."""
+    `access`: the credentials it accepts (`auth` alone: a bearer token).
+    `legacy`: also list the A2A 0.3 endpoints (see `server.agent_card`)."""
     return agent_card(
         name="orchestrator",
         description="An A2A agent network as one agent: architect, coder and reviewer "
@@ -98,6 +105,7 @@ def build_orchestrator_card(
         url=url,
         auth=auth,
         access=access,
+        legacy=legacy,
         skills=[
             AgentSkill(
                 id="pipeline",
@@ -506,6 +514,7 @@ async def run_orchestrator_server(
     reactions: Sequence[Reaction] = (),
     sandbox: Sandbox | None = None,
     policy: SpawnPolicy | None = None,
+    card_options: CardOptions | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
@@ -516,7 +525,8 @@ async def run_orchestrator_server(
 
     `access` says who may call (`token` alone: one caller with that token);
     each caller sees only its own tasks and sessions, on the A2A endpoint
-    and the HTTP API alike.
+    and the HTTP API alike. `card_options`: the protocol versions its card
+    lists and its signing key (default: both, unsigned).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -540,9 +550,13 @@ async def run_orchestrator_server(
     )
     if access is None and token:
         access = Access(token=token)
+    card_options = card_options or CardOptions()
+    card = build_orchestrator_card(
+        url, unsandboxed=unsandboxed, access=access, legacy=card_options.legacy
+    )
     app = build_app(
         executor,
-        build_orchestrator_card(url, unsandboxed=unsandboxed, access=access),
+        card_options.finish(card),
         open_task_store(db),
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,

@@ -58,10 +58,12 @@ from ._version import __version__ as VERSION
 from .access import Access
 from .budgets import PriceTable
 from .callers import Limits
+from .cards import CardOptions
 from .conversations import CONTROL_ACTIONS
 from .errors import ConfigError
 from .events import new_uuid
 from .executor import DEFAULT_MAX_MEMORY, HOLD_LIMIT, RoleExecutor
+from .guards import guard_routes
 from .handler import RoleRequestHandler
 from .journal import ToolJournal
 from .middleware import (
@@ -115,26 +117,33 @@ def agent_card(
     auth: bool = False,
     extensions: Sequence[AgentExtension] = (),
     access: Access | None = None,
+    legacy: bool = True,
 ) -> AgentCard:
     """A card for one of our A2A servers at `url`: JSON-RPC and HTTP+JSON on
-    protocol 1.0, JSON-RPC on 0.3 too, streaming, and the security schemes
-    `access` accepts (`auth` alone: the bearer scheme)."""
+    protocol 1.0, on 0.3 too unless `legacy` is off, streaming, and the
+    security schemes `access` accepts (`auth` alone: the bearer scheme).
+
+    Without the 0.3 interfaces a2a-sdk serves the card without the v0.3
+    top-level fields (`url`, `protocolVersion`, ...): a pure v1.0 card
+    (`cards.py`). The 0.3 routes keep answering either way."""
     url = url.rstrip("/")
-    card = AgentCard(
-        name=name,
-        description=description,
-        version=VERSION,
-        supported_interfaces=[
-            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
-            AgentInterface(
-                url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="1.0"
-            ),
-            # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick these.
+    interfaces = [
+        AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
+        AgentInterface(url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="1.0"),
+    ]
+    if legacy:
+        # Peers still on a2a-sdk 0.3 (Strands Agents, older ADK) pick these.
+        interfaces += [
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
             AgentInterface(
                 url=url + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="0.3"
             ),
-        ],
+        ]
+    card = AgentCard(
+        name=name,
+        description=description,
+        version=VERSION,
+        supported_interfaces=interfaces,
         capabilities=AgentCapabilities(
             streaming=True, push_notifications=False, extensions=list(extensions)
         ),
@@ -183,8 +192,9 @@ def build_card(
     auth: bool = False,
     sandbox: Sandbox | None = None,
     access: Access | None = None,
+    legacy: bool = True,
 ) -> AgentCard:
-    """The agent card of a role served at `url`.
+    """The agent card of a role served at `url` (`legacy`: see `agent_card`).
 
     A role with `run_command` whose operator turned the sandbox off says so
     in its description: callers should know their task runs unconfined.
@@ -209,6 +219,7 @@ def build_card(
         auth=auth,
         extensions=[CONTROL_CARD_EXTENSION],
         access=access,
+        legacy=legacy,
     )
 
 
@@ -381,6 +392,8 @@ def build_app(
             handler, path_prefix=REST_PREFIX, enable_v0_3_compat=True, context_builder=builder
         ),
     ]
+    # Bad input gets the spec's error where the SDK's routes answer 500.
+    routes = guard_routes(routes, rpc_path="/", rest_prefix=REST_PREFIX)
     middleware = [
         Middleware(
             BodyLimitMiddleware,
@@ -418,6 +431,8 @@ class RunningServer:
     executor: Any
     stopped: anyio.Event
     """Set once the server has shut down (e.g. after SIGTERM)."""
+    app: Starlette | None = None
+    """The app served (its routes, for tools and tests that walk them)."""
 
 
 def public_url_for(host: str, port: int, public_url: str | None) -> str:
@@ -452,7 +467,7 @@ async def run_server(
 
     async with anyio.create_task_group() as tg:
         port = await tg.start(run)
-        yield RunningServer(url=url, port=port, executor=executor, stopped=stopped)
+        yield RunningServer(url=url, port=port, executor=executor, stopped=stopped, app=app)
         tg.cancel_scope.cancel()
 
 
@@ -475,6 +490,7 @@ async def run_role_server(
     max_memory: int = DEFAULT_MAX_MEMORY,
     sandbox: Sandbox | None = None,
     prices: PriceTable | None = None,
+    card_options: CardOptions | None = None,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -495,7 +511,8 @@ async def run_role_server(
     `Sandbox.from_env()`); a file task store is hidden from them. Raises
     `ConfigError` before binding when the role lists `run_command` and the
     sandbox cannot be had here; an operator's opt-out is logged as a warning
-    and shown in the card's description.
+    and shown in the card's description. `card_options`: the protocol
+    versions the card lists and its signing key (default: both, unsigned).
     """
     # A script in the model allow-list is refused before the port is taken.
     offered_models(role, model_names)
@@ -526,9 +543,11 @@ async def run_role_server(
     )
     if access is None and token:
         access = Access(token=token)
+    card_options = card_options or CardOptions()
+    card = build_card(role, url, sandbox=sandbox, access=access, legacy=card_options.legacy)
     app = build_app(
         executor,
-        build_card(role, url, sandbox=sandbox, access=access),
+        card_options.finish(card),
         task_store,
         access=access,
         # Usage is kept per caller: with auth off there is one anonymous

@@ -17,6 +17,7 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory  # noqa: E402
 
+from a2a_orchestrator.cards import CardOptions  # noqa: E402
 from a2a_orchestrator.models import ScriptedModel  # noqa: E402
 from a2a_orchestrator.roles import find_role  # noqa: E402
 from a2a_orchestrator.server import RunningServer, run_role_server  # noqa: E402
@@ -30,6 +31,7 @@ async def role_server(
     role: str = "coder",
     db: Path | str | None = None,
     token: str | None = None,
+    card_options: CardOptions | None = None,
     **overrides: Any,
 ) -> AsyncIterator[RunningServer]:
     """A real role server on 127.0.0.1 whose model is scripted (the only fake)."""
@@ -42,6 +44,7 @@ async def role_server(
         workdir,
         db=str(db or workdir / ".a2a" / "tasks.db"),
         token=token,
+        card_options=card_options,
     ) as server:
         yield server
 

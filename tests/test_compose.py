@@ -244,6 +244,16 @@ def test_the_sandbox_opt_out_is_explicit(services: dict[str, dict[str, Any]], na
     assert "privileged" not in services[name]
 
 
+@pytest.mark.parametrize("name", ALL_SERVICES)
+def test_the_card_protocol_comes_from_the_host(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    # serve --protocol's variable: unset keeps 1.0 and 0.3 on the cards.
+    env = environment(services[name])
+    assert interpolate(env["A2A_PROTOCOL"], {}) == ""
+    assert interpolate(env["A2A_PROTOCOL"], {"A2A_PROTOCOL": "1.0"}) == "1.0"
+
+
 def test_orchestrator_reaches_every_agent_remotely(services: dict[str, dict[str, Any]]) -> None:
     env = environment(services[ORCHESTRATOR])
     for name, spec in AGENTS.items():

@@ -83,6 +83,7 @@ TOML = {
     "client credentials": 'client_id = "orchestrator"',
     "policy": 'deny = "agents do not deploy"',
     "prices": '[models."gpt-4o"]',
+    "signed card": "require_signature = true",
 }
 MARKDOWN = {"role": "name: coder", "model limits": "model_timeout:"}
 
@@ -282,6 +283,15 @@ def test_the_client_credentials_example_loads(tmp_path: Path) -> None:
     spec = load_agent_file(path, environ={})
     assert spec.token_url == "https://idp.example/oauth/token"
     assert (spec.client_id, spec.scope, spec.audience) == ("orchestrator", "a2a", "coder-api")
+
+
+def test_the_signed_card_example_loads(tmp_path: Path) -> None:
+    path = tmp_path / "agents" / "coder.toml"
+    path.parent.mkdir()
+    path.write_text(one_block("toml", TOML["signed card"]))
+    spec = load_agent_file(path, environ={})
+    assert spec.card_key == str(path.parent / "keys" / "coder.pub.pem")
+    assert spec.require_signature and spec.url == "https://coder.example"
 
 
 def test_the_callers_example_loads(tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from google.protobuf.json_format import MessageToDict
 
 from ..budgets import Budget
+from ..cards import verify_card
 from ..delegation import CANCELED_TEXT, ChildConfig, Emit, IdentityListener, Resume
 from ..errors import (
     AgentUnavailableError,
@@ -812,9 +813,11 @@ class RemoteDelegate:
         self._credential_services: dict[str, CredentialService | None] = {}
 
     async def card(self, spec: AgentSpec) -> AgentCard:
-        """The agent's card (cached per URL)."""
+        """The agent's card (cached per URL and key), its signature checked
+        when the agent file names a `card_key`."""
         url = spec.url or ""
-        card = self._cards.get(url)
+        key = f"{url} {spec.card_key} {spec.require_signature}"
+        card = self._cards.get(key)
         if card is None:
             try:
                 with _translated(url):
@@ -823,7 +826,14 @@ class RemoteDelegate:
                 # a2a-sdk lets a body that is not UTF-8 escape as a bare
                 # UnicodeDecodeError, which names no agent.
                 raise ProtocolError(f"agent at {url} has no usable agent card: {exc}") from exc
-            self._cards[url] = card
+            await verify_card(
+                card,
+                agent=spec.name,
+                key_source=spec.card_key,
+                required=spec.require_signature,
+                http=self.http,
+            )
+            self._cards[key] = card
         return card
 
     def turn_timeout(self, spec: AgentSpec, config: ChildConfig) -> float:
