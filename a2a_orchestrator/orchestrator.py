@@ -58,6 +58,7 @@ from .reactions import Reaction, Reactions
 from .server import (
     RunningServer,
     agent_card,
+    bind_grpc,
     build_app,
     open_task_store,
     public_url_for,
@@ -443,6 +444,7 @@ async def run_orchestrator_server(
     sandbox: Sandbox | None = None,
     policy: SpawnPolicy | None = None,
     install_signal_handlers: bool = False,
+    grpc_port: int | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
 
@@ -452,7 +454,8 @@ async def run_orchestrator_server(
 
     `access` says who may call (`token` alone: one caller with that token);
     each caller sees only its own tasks and sessions, on the A2A endpoint
-    and the HTTP API alike.
+    and the HTTP API alike. `grpc_port` (0: any free one): A2A over gRPC
+    too, listed first in the card (`grpc_serving.py`).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -463,6 +466,9 @@ async def run_orchestrator_server(
         logger.warning("orchestrator: in-process agents: %s (sandbox turned off)", UNSANDBOXED_NOTE)
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
+    if access is None and token:
+        access = Access(token=token)
+    grpc = bind_grpc(host, grpc_port, url, access, sock)
     store = Store(store_path)
     executor = OrchestratorExecutor(
         store,
@@ -474,11 +480,12 @@ async def run_orchestrator_server(
         sandbox=sandbox,
         policy=policy,
     )
-    if access is None and token:
-        access = Access(token=token)
+    card = build_orchestrator_card(url, unsandboxed=unsandboxed, access=access)
+    if grpc is not None:
+        grpc.list_in(card)
     app = build_app(
         executor,
-        build_orchestrator_card(url, unsandboxed=unsandboxed, access=access),
+        card,
         open_task_store(db),
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
@@ -486,7 +493,7 @@ async def run_orchestrator_server(
     )
     try:
         async with run_server(
-            app, sock, url, executor, install_signal_handlers=install_signal_handlers
+            app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc
         ) as server:
             yield server
     finally:

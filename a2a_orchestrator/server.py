@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from a2a.auth.user import User
@@ -81,10 +81,14 @@ from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY
 
+if TYPE_CHECKING:
+    from .grpc_serving import GrpcServing
+
 __all__ = [
     "REST_PREFIX",
     "RunningServer",
     "agent_card",
+    "bind_grpc",
     "build_app",
     "build_card",
     "fail_orphaned_tasks",
@@ -409,6 +413,8 @@ class RunningServer:
     executor: Any
     stopped: anyio.Event
     """Set once the server has shut down (e.g. after SIGTERM)."""
+    grpc_address: str | None = None
+    """host:port of its gRPC binding (None: not served)."""
 
 
 def public_url_for(host: str, port: int, public_url: str | None) -> str:
@@ -425,26 +431,49 @@ async def run_server(
     executor: ServedExecutor,
     *,
     install_signal_handlers: bool = False,
+    grpc: GrpcServing | None = None,
 ) -> AsyncIterator[RunningServer]:
-    """Serve `app` on `sock` until the block exits (or a signal stops it)."""
+    """Serve `app` on `sock` until the block exits (or a signal stops it);
+    `grpc` (bound) serves the app's handler too, from when the app is up
+    until its running tasks have ended (`grpc_serving.py`)."""
     stopped = anyio.Event()
+
+    async def before_shutdown() -> None:
+        await executor.shutdown()
+        if grpc is not None:
+            await grpc.stop()
 
     async def run(*, task_status: StartedStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
             await serve(
                 app,
                 sock,
-                before_shutdown=executor.shutdown,
+                before_shutdown=before_shutdown,
                 install_signal_handlers=install_signal_handlers,
                 task_status=task_status,
             )
         finally:
             stopped.set()
 
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(run)
-        yield RunningServer(url=url, port=port, executor=executor, stopped=stopped)
-        tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(run)
+            if grpc is not None:
+                await grpc.start(app.state.handler)
+            yield RunningServer(
+                url=url,
+                port=port,
+                executor=executor,
+                stopped=stopped,
+                grpc_address=grpc.address if grpc is not None else None,
+            )
+            tg.cancel_scope.cancel()
+    finally:
+        if grpc is not None:
+            # Stopped already at an orderly shutdown; this frees the port
+            # when the HTTP side never came up.
+            with anyio.CancelScope(shield=True):
+                await grpc.stop()
 
 
 @contextlib.asynccontextmanager
@@ -467,6 +496,7 @@ async def run_role_server(
     sandbox: Sandbox | None = None,
     prices: PriceTable | None = None,
     install_signal_handlers: bool = False,
+    grpc_port: int | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
 
@@ -502,6 +532,9 @@ async def run_role_server(
             )
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
+    if access is None and token:
+        access = Access(token=token)
+    grpc = bind_grpc(host, grpc_port, url, access, sock)
     task_store = open_task_store(db)
     executor = RoleExecutor(
         role,
@@ -515,11 +548,12 @@ async def run_role_server(
         sandbox=sandbox,
         prices=prices if prices is not None else PriceTable.from_env(),
     )
-    if access is None and token:
-        access = Access(token=token)
+    card = build_card(role, url, sandbox=sandbox, access=access)
+    if grpc is not None:
+        grpc.list_in(card)
     app = build_app(
         executor,
-        build_card(role, url, sandbox=sandbox, access=access),
+        card,
         task_store,
         access=access,
         # Usage is kept per caller: with auth off there is one anonymous
@@ -529,6 +563,22 @@ async def run_role_server(
         body_timeout=body_timeout,
     )
     async with run_server(
-        app, sock, url, executor, install_signal_handlers=install_signal_handlers
+        app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc
     ) as server:
         yield server
+
+
+def bind_grpc(
+    host: str, port: int | None, url: str, access: Access | None, sock: socket.socket
+) -> GrpcServing | None:
+    """The gRPC binding of a server whose HTTP socket `sock` is bound (None
+    without a port); if it cannot bind, `sock` is closed and the error raised."""
+    if port is None:
+        return None
+    from .grpc_serving import GrpcServing
+
+    try:
+        return GrpcServing.bind(host, port, public_url=url, access=access)
+    except OSError:
+        sock.close()
+        raise
