@@ -172,6 +172,10 @@ class GrpcServing:
         """Stop serving: open calls get `STOP_GRACE` seconds, then are cancelled."""
         if self._state is _State.STOPPED:
             return
+        if self._state is _State.BOUND:
+            # grpc.aio keeps the port of a server stopped before it started;
+            # started with no service, it answers nothing and frees it on stop.
+            await self._server.start()
         self._state = _State.STOPPED
         await self._server.stop(STOP_GRACE)
 

@@ -578,7 +578,11 @@ def bind_grpc(
     from .grpc_serving import GrpcServing
 
     try:
+        if port and port == sock.getsockname()[1]:
+            # Both sockets allow address reuse, and the HTTP one does not
+            # listen yet: gRPC would bind beside it instead of failing.
+            raise ConfigError(f"the gRPC port {port} is the HTTP port: give another")
         return GrpcServing.bind(host, port, public_url=url, access=access)
-    except OSError:
+    except (OSError, ConfigError):
         sock.close()
         raise

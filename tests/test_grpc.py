@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -33,13 +34,17 @@ from a2a.types import (
 from conftest import a2a_client, role_server
 from test_cli import serve_process
 from test_delegation import run_all_scenarios, session_for
+from test_remote import free_port
 from test_server import user_message
 
 from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.roles import find_role
+from a2a_orchestrator.server import run_role_server
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 
@@ -272,3 +277,31 @@ async def test_serve_grpc_from_the_variable_stops_cleanly_ending_open_streams(
     last = frames[-1].status_update
     assert last.status.state == TaskState.TASK_STATE_FAILED
     assert process.returncode == 0 and "coder: stopped" in out
+
+
+async def test_a_taken_grpc_port_is_a_clear_error_and_frees_the_http_port(tmp_path: Path) -> None:
+    http_port = free_port()
+
+    def coder(grpc_port: int) -> Any:
+        return run_role_server(
+            find_role("coder"),
+            ScriptedModel([]),
+            tmp_path,
+            db=str(tmp_path / "tasks.db"),
+            port=http_port,
+            grpc_port=grpc_port,
+        )
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError, match=r"cannot listen for gRPC on 127\.0\.0\.1:\d+"):
+            async with coder(taken.getsockname()[1]):
+                pass
+    with pytest.raises(ConfigError, match="is the HTTP port"):
+        async with coder(http_port):
+            pass
+    # Nothing was left bound: a server starts on the same HTTP port afterwards.
+    with anyio.fail_after(20):
+        async with coder(0) as server:
+            assert server.port == http_port and server.grpc_address is not None
