@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GRPC_BINDING",
-    "GRPC_PORT_ENV",
     "STOP_GRACE",
     "GrpcServing",
     "add_grpc_interfaces",
@@ -63,9 +62,6 @@ __all__ = [
 ]
 
 GRPC_BINDING = "GRPC"
-GRPC_PORT_ENV = "A2A_GRPC_PORT"
-"""The variable `serve` reads its gRPC port from when `--grpc-port` is not given."""
-
 STOP_GRACE = 5.0
 """Seconds calls still open at shutdown get to finish before they are cancelled."""
 

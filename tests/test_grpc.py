@@ -135,6 +135,27 @@ async def test_a_task_started_over_json_rpc_is_read_over_grpc(tmp_path: Path) ->
     assert read.artifacts[0].parts[0].text == "over json-rpc"
 
 
+async def test_a_v0_3_grpc_client_is_served_too(tmp_path: Path) -> None:
+    """The card's 0.3 gRPC interface: a2a-sdk's compat transport gets the answer."""
+    with anyio.fail_after(30):
+        async with role_server(tmp_path, [{"text": "over 0.3"}], grpc_port=0) as server:
+            card = await card_of(server.url)
+            legacy = [
+                i
+                for i in card.supported_interfaces
+                if i.protocol_binding == "GRPC" and i.protocol_version == "0.3"
+            ]
+            del card.supported_interfaces[:]
+            card.supported_interfaces.extend(legacy)
+            async with grpc_client(card) as client:
+                # Which transport the SDK picked for the 0.3 interface.
+                transport = type(client._transport).__name__
+                streamed = await responses_of(client, user_message("hi"))
+    assert [i.url for i in legacy] == [server.grpc_address]
+    assert transport == "CompatGrpcTransport"
+    assert streamed[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
 async def test_grpc_needs_the_same_token_as_http(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with role_server(
