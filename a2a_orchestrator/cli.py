@@ -223,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--public-url", default=None, help="URL the card advertises, when clients use another name"
     )
     serve.add_argument(
+        "--grpc-port",
+        type=_port,
+        default=None,
+        help="also serve A2A over gRPC on this port (0: any free one), preferred in the card; "
+        "same host, tasks and auth (default: $A2A_GRPC_PORT, else no gRPC)",
+    )
+    serve.add_argument(
         "--token-env",
         default=DEFAULT_TOKEN_ENV,
         help=f"environment variable holding the bearer token; auth is on when it is set "

@@ -404,6 +404,7 @@ async def _serve(args: argparse.Namespace) -> int:
             protocol=args.protocol, key_path=args.card_key, key_id=args.card_key_id
         ),
         install_signal_handlers=True,
+        grpc_port=_grpc_port(args),
     )
     if args.role == "orchestrator":
         from .orchestrator import run_orchestrator_server
@@ -454,6 +455,8 @@ async def _serve(args: argparse.Namespace) -> int:
     async with context as server:
         say(f"{name}: serving A2A at {server.url}")
         say(f"  agent card: {server.url}/.well-known/agent-card.json")
+        if server.grpc_address is not None:
+            say(f"  gRPC: {server.grpc_address} (preferred in the card)")
         say(f"  {model_line}")
         if scripted:
             say(f"  ({MODEL_HINT})")
@@ -503,6 +506,18 @@ async def _token(args: argparse.Namespace) -> int:
     )
     say(token)
     return 0
+
+
+def _grpc_port(args: argparse.Namespace) -> int | None:
+    """`serve`'s gRPC port: --grpc-port, else $A2A_GRPC_PORT (empty: none)."""
+    if args.grpc_port is not None:
+        return int(args.grpc_port)
+    raw = os.environ.get("A2A_GRPC_PORT", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) > 65535:
+        raise OrchestratorError(f"$A2A_GRPC_PORT must be a port in 0..65535, got {raw!r}")
+    return int(raw)
 
 
 def _server_limits(args: argparse.Namespace) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from .reactions import Reaction, Reactions
 from .server import (
     RunningServer,
     agent_card,
+    bind_grpc,
     build_app,
     open_task_store,
     public_url_for,
@@ -516,6 +517,7 @@ async def run_orchestrator_server(
     policy: SpawnPolicy | None = None,
     card_options: CardOptions | None = None,
     install_signal_handlers: bool = False,
+    grpc_port: int | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
 
@@ -526,7 +528,8 @@ async def run_orchestrator_server(
     `access` says who may call (`token` alone: one caller with that token);
     each caller sees only its own tasks and sessions, on the A2A endpoint
     and the HTTP API alike. `card_options`: the protocol versions its card
-    lists and its signing key (default: both, unsigned).
+    lists and its signing key (default: both, unsigned). `grpc_port` (0: any
+    free one): A2A over gRPC too, listed first in the card (`grpc_serving.py`).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -537,6 +540,9 @@ async def run_orchestrator_server(
         logger.warning("orchestrator: in-process agents: %s (sandbox turned off)", UNSANDBOXED_NOTE)
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
+    if access is None and token:
+        access = Access(token=token)
+    grpc = bind_grpc(host, grpc_port, url, access, sock)
     store = Store(store_path)
     executor = OrchestratorExecutor(
         store,
@@ -548,15 +554,15 @@ async def run_orchestrator_server(
         sandbox=sandbox,
         policy=policy,
     )
-    if access is None and token:
-        access = Access(token=token)
     card_options = card_options or CardOptions()
     card = build_orchestrator_card(
         url, unsandboxed=unsandboxed, access=access, legacy=card_options.legacy
     )
+    if grpc is not None:
+        grpc.list_in(card)
     app = build_app(
         executor,
-        card_options.finish(card),
+        card_options.finish(card),  # signed last: after every interface is listed
         open_task_store(db),
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
@@ -570,7 +576,7 @@ async def run_orchestrator_server(
     app.add_middleware(BrowserLogin, access=access)
     try:
         async with run_server(
-            app, sock, url, executor, install_signal_handlers=install_signal_handlers
+            app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc
         ) as server:
             yield server
     finally:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from a2a.auth.user import User
@@ -84,10 +84,14 @@ from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY, write_at_once
 
+if TYPE_CHECKING:
+    from .grpc_serving import GrpcServing
+
 __all__ = [
     "REST_PREFIX",
     "RunningServer",
     "agent_card",
+    "bind_grpc",
     "build_app",
     "build_card",
     "fail_orphaned_tasks",
@@ -433,6 +437,8 @@ class RunningServer:
     """Set once the server has shut down (e.g. after SIGTERM)."""
     app: Starlette | None = None
     """The app served (its routes, for tools and tests that walk them)."""
+    grpc_address: str | None = None
+    """host:port of its gRPC binding (None: not served)."""
 
 
 def public_url_for(host: str, port: int, public_url: str | None) -> str:
@@ -449,26 +455,50 @@ async def run_server(
     executor: ServedExecutor,
     *,
     install_signal_handlers: bool = False,
+    grpc: GrpcServing | None = None,
 ) -> AsyncIterator[RunningServer]:
-    """Serve `app` on `sock` until the block exits (or a signal stops it)."""
+    """Serve `app` on `sock` until the block exits (or a signal stops it);
+    `grpc` (bound) serves the app's handler too, from when the app is up
+    until its running tasks have ended (`grpc_serving.py`)."""
     stopped = anyio.Event()
+
+    async def before_shutdown() -> None:
+        await executor.shutdown()
+        if grpc is not None:
+            await grpc.stop()
 
     async def run(*, task_status: StartedStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
             await serve(
                 app,
                 sock,
-                before_shutdown=executor.shutdown,
+                before_shutdown=before_shutdown,
                 install_signal_handlers=install_signal_handlers,
                 task_status=task_status,
             )
         finally:
             stopped.set()
 
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(run)
-        yield RunningServer(url=url, port=port, executor=executor, stopped=stopped, app=app)
-        tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(run)
+            if grpc is not None:
+                await grpc.start(app.state.handler)
+            yield RunningServer(
+                url=url,
+                port=port,
+                executor=executor,
+                stopped=stopped,
+                grpc_address=grpc.address if grpc is not None else None,
+                app=app,
+            )
+            tg.cancel_scope.cancel()
+    finally:
+        if grpc is not None:
+            # Stopped already at an orderly shutdown; this frees the port
+            # when the HTTP side never came up.
+            with anyio.CancelScope(shield=True):
+                await grpc.stop()
 
 
 @contextlib.asynccontextmanager
@@ -492,6 +522,7 @@ async def run_role_server(
     prices: PriceTable | None = None,
     card_options: CardOptions | None = None,
     install_signal_handlers: bool = False,
+    grpc_port: int | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
 
@@ -528,6 +559,9 @@ async def run_role_server(
             )
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
+    if access is None and token:
+        access = Access(token=token)
+    grpc = bind_grpc(host, grpc_port, url, access, sock)
     task_store = open_task_store(db)
     executor = RoleExecutor(
         role,
@@ -541,13 +575,13 @@ async def run_role_server(
         sandbox=sandbox,
         prices=prices if prices is not None else PriceTable.from_env(),
     )
-    if access is None and token:
-        access = Access(token=token)
     card_options = card_options or CardOptions()
     card = build_card(role, url, sandbox=sandbox, access=access, legacy=card_options.legacy)
+    if grpc is not None:
+        grpc.list_in(card)
     app = build_app(
         executor,
-        card_options.finish(card),
+        card_options.finish(card),  # signed last: after every interface is listed
         task_store,
         access=access,
         # Usage is kept per caller: with auth off there is one anonymous
@@ -557,6 +591,26 @@ async def run_role_server(
         body_timeout=body_timeout,
     )
     async with run_server(
-        app, sock, url, executor, install_signal_handlers=install_signal_handlers
+        app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc
     ) as server:
         yield server
+
+
+def bind_grpc(
+    host: str, port: int | None, url: str, access: Access | None, sock: socket.socket
+) -> GrpcServing | None:
+    """The gRPC binding of a server whose HTTP socket `sock` is bound (None
+    without a port); if it cannot bind, `sock` is closed and the error raised."""
+    if port is None:
+        return None
+    from .grpc_serving import GrpcServing
+
+    try:
+        if port and port == sock.getsockname()[1]:
+            # Both sockets allow address reuse, and the HTTP one does not
+            # listen yet: gRPC would bind beside it instead of failing.
+            raise ConfigError(f"the gRPC port {port} is the HTTP port: give another")
+        return GrpcServing.bind(host, port, public_url=url, access=access)
+    except (OSError, ConfigError):
+        sock.close()
+        raise

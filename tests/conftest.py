@@ -32,9 +32,11 @@ async def role_server(
     db: Path | str | None = None,
     token: str | None = None,
     card_options: CardOptions | None = None,
+    grpc_port: int | None = None,
     **overrides: Any,
 ) -> AsyncIterator[RunningServer]:
-    """A real role server on 127.0.0.1 whose model is scripted (the only fake)."""
+    """A real role server on 127.0.0.1 whose model is scripted (the only fake);
+    `grpc_port` (0: any free one) serves gRPC too, preferred in its card."""
     the_role = find_role(role)
     if overrides:
         the_role = the_role.with_overrides(**overrides)
@@ -45,6 +47,7 @@ async def role_server(
         db=str(db or workdir / ".a2a" / "tasks.db"),
         token=token,
         card_options=card_options,
+        grpc_port=grpc_port,
     ) as server:
         yield server
 

@@ -31,11 +31,13 @@ TRANSPORTS = ["local", "remote"]
 async def session_for(
     transport: str, workdir: Path, script: Any, **role_overrides: Any
 ) -> AsyncIterator[Session]:
-    """A session whose `coder` agent is in-process or a real role server."""
+    """A session whose `coder` agent is in-process or a real role server
+    (`grpc`: one whose card prefers gRPC, test_grpc.py)."""
     store = Store(workdir / ".a2a" / "orchestrator.db")
     model = ScriptedModel(script)
-    if transport == "remote":
-        async with role_server(workdir, script, **role_overrides) as server:
+    if transport in ("remote", "grpc"):
+        grpc_port = 0 if transport == "grpc" else None
+        async with role_server(workdir, script, grpc_port=grpc_port, **role_overrides) as server:
             network = Network.of(AgentSpec(name="coder", role="coder", url=server.url))
             async with Session(
                 store, workdir=workdir, network=network, models=lambda n: model

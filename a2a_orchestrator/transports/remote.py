@@ -1,9 +1,11 @@
 """The remote transport: a child is an A2A task on a role server (or any A2A agent).
 
 Built on the a2a-sdk client: agent-card discovery, JSON-RPC with SSE
-streaming (the factory picks the v0.3 compat transport for 0.3 peers), the
-SDK's auth interceptor with a per-agent token or OAuth2 client credentials
-(`credentials.py`).
+streaming (the factory picks the v0.3 compat transport for 0.3 peers), or
+gRPC when the card prefers it (lists it before JSON-RPC; channels in
+`grpc_channels.py`), the SDK's auth interceptor with a per-agent token or
+OAuth2 client credentials (`credentials.py`; over gRPC the same
+`authorization` metadata).
 
 Contract of a turn (`RemoteRun.turn`), so no child is left `running`:
 - Identity before I/O: a message that opens a task goes out with a context
@@ -46,7 +48,7 @@ A reopened child that is not resuming (`connect=False`) reads no agent card
 until it is given work, so a finished child stays readable from the store
 while its agent is down.
 
-This module is the one boundary where httpx and a2a client errors become
+This module is the one boundary where httpx, gRPC and a2a client errors become
 `DelegationError`s (`translate_error`), with the cause kept.
 """
 
@@ -88,6 +90,7 @@ from a2a.types import (
     Task,
     TaskState,
 )
+from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError, InvalidParamsError
 from anyio.streams.memory import MemoryObjectSendStream
 from google.protobuf.json_format import MessageToDict
@@ -117,6 +120,7 @@ from ..wire import (
     transcript_from_history,
 )
 from .credentials import credential_service
+from .grpc_channels import GrpcChannels, grpc_error, is_grpc_error
 
 __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 
@@ -139,6 +143,8 @@ def translate_error(exc: BaseException, url: str) -> DelegationError:
         return ProtocolError(f"agent at {url} answered HTTP {code}")
     if isinstance(exc, httpx.TransportError) or isinstance(cause, httpx.TransportError):
         return AgentUnavailableError(f"agent at {url} is unreachable: {cause or exc}")
+    if isinstance(exc, A2AClientError) and is_grpc_error(cause):
+        return grpc_error(cause, url)
     if isinstance(exc, AgentCardResolutionError):
         # Not a transport failure (those are above): the card came and is
         # not JSON or not a card.
@@ -811,6 +817,7 @@ class RemoteDelegate:
         self._cards: dict[str, AgentCard] = {}
         self._role_timeouts: dict[str, float] = {}
         self._credential_services: dict[str, CredentialService | None] = {}
+        self.grpc = GrpcChannels()
 
     async def card(self, spec: AgentSpec) -> AgentCard:
         """The agent's card (cached per URL and key), its signature checked
@@ -870,7 +877,14 @@ class RemoteDelegate:
         interceptors: list[ClientCallInterceptor] = (
             [AuthInterceptor(service)] if service is not None else []
         )
-        factory = ClientFactory(ClientConfig(httpx_client=self.http, streaming=streaming))
+        config = ClientConfig(
+            httpx_client=self.http,
+            streaming=streaming,
+            # In the card's order of preference: gRPC where it comes first.
+            supported_protocol_bindings=[TransportProtocol.JSONRPC, TransportProtocol.GRPC],
+            grpc_channel_factory=self.grpc.channel,
+        )
+        factory = ClientFactory(config)
         try:
             return factory.create(card, interceptors=interceptors)
         except ValueError as exc:  # how a2a-sdk says the card offers no transport it speaks
@@ -943,6 +957,7 @@ class RemoteDelegate:
         )
 
     async def aclose(self) -> None:
+        await self.grpc.aclose()
         if self._own_http:
             await self.http.aclose()
 
