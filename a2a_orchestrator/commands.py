@@ -20,6 +20,7 @@ import httpx
 
 from .budgets import Spend
 from .callers import add_caller
+from .clidefaults import DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES
 from .control import ControlPlane
 from .delegation import CANCELED_TEXT, ChildConfig
 from .errors import OrchestratorError
@@ -31,11 +32,9 @@ from .events import (
     event_from_dict,
     event_to_dict,
 )
-from .executor import CONTROL_TOOL_NAMES
 from .hooks import Hooks, load_hook_file
 from .models import ModelSettings, describe_model, is_scripted, resolve_model
 from .network import AgentSpec, Network
-from .parent import ParentAgent
 from .pipeline import (
     PROGRESS_KEY,
     Brief,
@@ -51,15 +50,16 @@ from .reactions import Reaction, Reactions, load_reactions
 from .roles import find_role
 from .runner import Liveness, liveness, stop_signal_listener
 from .runtime import ASK_PARENT
-from .server import run_role_server
-from .session import RelayedEvent, Session, keep_out_of_git
 from .store import RunnerRecord, Store
 from .tools import TOOL_NAMES, Sandbox
-from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
 
+# The session (with the transports), the role server, the parent agent and
+# the executor load the SDK's server side and more; they are imported in the
+# commands that run something, so `status`, `events` or `--help` start fast.
 if TYPE_CHECKING:
     from .access import Access
+    from .session import Session
 
 __all__ = [
     "ASYNC_COMMANDS",
@@ -68,19 +68,6 @@ __all__ = [
     "DEFAULT_TOKEN_ENV",
     "EXIT_CODES",
 ]
-
-DEFAULT_PORTS = {
-    "orchestrator": 9100,
-    "architect": 9101,
-    "coder": 9102,
-    "reviewer": 9103,
-    "observer": 9104,
-}
-"""Where `serve` listens by default; other roles default to 9110."""
-DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
-DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
-EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
-"""`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +130,8 @@ def _existing_store(path: Path) -> Store:
 
 def _new_store(path: Path) -> Store:
     """The store a command writes; a `.a2a` directory made for it is kept out of git."""
+    from .session import keep_out_of_git
+
     if path.parent.name == ".a2a":
         keep_out_of_git(path.parent)
     return Store(path)
@@ -187,6 +176,8 @@ def _check_agents(network: Network, agents: list[str], settings: ModelSettings) 
     """Each agent resolves, and each in-process one's role file and model
     script load: bad configuration is a clear error (exit 2) before anything
     runs, not a failed pass halfway through."""
+    from .executor import CONTROL_TOOL_NAMES
+
     for agent in agents:
         spec = network.resolve(agent)
         if spec.remote:
@@ -239,6 +230,8 @@ def _reactions(plane: ControlPlane, rules: list[Reaction]) -> Reactions | None:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from .session import Session
+
     workdir = workdir_of(args.workdir)
     if not args.task.strip():
         raise OrchestratorError("TASK is empty: say what to do")
@@ -291,6 +284,8 @@ async def _follow_pipeline(
 ) -> int:
     """Run (or, `resume`, continue) `pipeline` with its live tree; the exit
     code is its signal."""
+    from .session import RelayedEvent
+
     plane = ControlPlane(session, hooks=hooks)
     reactions = _reactions(plane, rules)
     tree = LiveTree(f"pipeline  session {session.id[:8]}", expected=list(PIPELINE_PASSES))
@@ -342,6 +337,8 @@ async def _run_parent(
 ) -> int:
     """A parent agent's turn, then whatever it set going: its children, and the
     turns their events start in it (an observer's injections), until all rest."""
+    from .parent import ParentAgent
+
     parent = await ParentAgent.restore(session, models("default"), role=args.role, hooks=hooks)
     reactions = _reactions(parent.plane, rules)
     tree = LiveTree(f"{args.role}  session {session.id[:8]}")
@@ -384,6 +381,9 @@ async def _run_parent(
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from .server import run_role_server
+    from .session import keep_out_of_git
+
     workdir = workdir_of(args.workdir)
     # A role server keeps its journal (and by default its task store) there.
     keep_out_of_git(workdir / ".a2a")
@@ -747,6 +747,8 @@ async def _stop_without_runner(store: Store, session_id: str) -> int:
     if not records:
         say("stopped 0 (no live runner, and no child was running)")
         return 0
+    from .transports import RemoteDelegate
+
     network = Network.load()
     remote = RemoteDelegate()
     try:
@@ -788,6 +790,8 @@ async def _stop_without_runner(store: Store, session_id: str) -> int:
 
 
 async def _resume(args: argparse.Namespace) -> int:
+    from .session import Session
+
     store = _existing_store(args.store)
     session_id = await session_id_of(store, args.session, args.store)
     row = await store.get_session(session_id) or {}

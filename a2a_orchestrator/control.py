@@ -42,7 +42,7 @@ import math
 import os
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -61,8 +61,11 @@ from .overrides import check_wire_overrides, offered_models
 from .render import normalise, render_final_answer, truncate_to_budget
 from .roles import Role, find_role
 from .runtime import Conversation
-from .session import Session
 from .tools import Tool
+
+if TYPE_CHECKING:
+    # Only in annotations: keeps the control plane importable without the transports.
+    from .session import Session
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT",
