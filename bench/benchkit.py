@@ -85,6 +85,13 @@ def rss_mib(pid: int | str = "self") -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time another process has used so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat; the split starts at field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def machine_line() -> str:
     """Cores and load average: on a shared machine wall time follows the load,
     CPU time much less, so every run says what it ran beside."""

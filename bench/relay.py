@@ -9,7 +9,7 @@ counts what reaches it through `Session.relay()` from the spawn to the
 child's Done, for an in-process child (local) and a child on a role server
 in its own process (remote, `a2a-orchestrator serve coder`), interleaved in
 rounds. Prints events/s per variant, min, median and max over the rounds,
-and the orchestrator's CPU time per event.
+and the CPU time per event of the orchestrator and (remote) of the server.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from benchkit import machine_line, start_servers, stop_servers
+from benchkit import cpu_seconds, machine_line, start_servers, stop_servers
 
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import Done, Failed
@@ -71,6 +71,7 @@ async def main(rounds: int, turns: int, calls: int) -> None:
         )
         rates: dict[str, list[float]] = {"local": [], "remote": []}
         cpu_per_event: dict[str, list[float]] = {"local": [], "remote": []}
+        server_cpu_per_event: list[float] = []
         counts: dict[str, int] = {}
         store = Store(work / "orchestrator.db")
         async with Session(
@@ -80,7 +81,11 @@ async def main(rounds: int, turns: int, calls: int) -> None:
                 await relayed(session, agent)
             for _ in range(rounds):
                 for agent in rates:
+                    server_before = cpu_seconds(processes[0].pid)
                     count, wall, cpu = await relayed(session, agent)
+                    if agent == "remote":
+                        server_cpu = cpu_seconds(processes[0].pid) - server_before
+                        server_cpu_per_event.append(server_cpu / count)
                     counts[agent] = count
                     rates[agent].append(count / wall)
                     cpu_per_event[agent].append(cpu / count)
@@ -93,11 +98,17 @@ async def main(rounds: int, turns: int, calls: int) -> None:
     )
     print(f"machine: {machine_line()}")
     for agent, samples in rates.items():
+        own = statistics.median(cpu_per_event[agent]) * 1e6
         print(
             f"  {agent:<7} {counts[agent]:6d} events: events/s min {min(samples):8.0f}"
             f"  median {statistics.median(samples):8.0f}  max {max(samples):8.0f}"
             f"  (goal >= {GOALS[agent]:,})"
-            f"   orchestrator cpu per event {statistics.median(cpu_per_event[agent]) * 1e6:6.1f} us"
+            f"   cpu per event: orchestrator {own:6.1f} us"
+            + (
+                f", server {statistics.median(server_cpu_per_event) * 1e6:6.1f} us"
+                if agent == "remote"
+                else ""
+            )
         )
 
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import anyio
+from benchkit import machine_line
 
 from a2a_orchestrator.store import Store
 
@@ -78,6 +79,7 @@ def main(runs: int) -> None:
                 walls[name].append(wall)
                 cpus[name].append(cpu)
     print(f"CLI start-up, {runs} runs each, interleaved (goal: <= 0.40 s)")
+    print(f"machine: {machine_line()}")
     for name in variants:
         w, c = walls[name], cpus[name]
         print(
