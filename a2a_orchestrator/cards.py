@@ -46,6 +46,7 @@ from jwt import PyJWKSet
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 from jwt.exceptions import PyJWKError, PyJWKSetError
 
+from .clidefaults import PROTOCOLS
 from .errors import ConfigError, UntrustedCardError
 
 __all__ = [
@@ -58,9 +59,6 @@ __all__ = [
     "verify_card",
 ]
 
-PROTOCOLS = ("both", "1.0")
-"""`both`: endpoints for A2A 1.0 and 0.3 (v0.3 peers can read the card);
-`1.0`: a card with A2A 1.0 fields only."""
 PROTOCOL_ENV = "A2A_PROTOCOL"
 CARD_KEY_ENV = "A2A_CARD_KEY"
 """A PEM private key (the key itself, or the path of a file holding it)."""

@@ -13,10 +13,8 @@ from typing import Any
 import anyio
 
 from ._version import __version__
-from .cards import PROTOCOLS
-from .commands import ASYNC_COMMANDS, DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES
+from .clidefaults import DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES, PROTOCOLS
 from .errors import OrchestratorError
-from .up import up
 
 __all__ = ["DEFAULT_PORTS", "EXIT_CODES", "build_parser", "main"]
 
@@ -430,8 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
+        # Imported once the command is known: `--help` and a usage error need
+        # neither, and the commands import much more than the parser does.
         if args.command == "up":
+            from .up import up
+
             return up(args)
+        from .commands import ASYNC_COMMANDS
+
         return int(anyio.run(ASYNC_COMMANDS[args.command], args))
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as Unix tools do.

@@ -16,14 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx
 
 from .budgets import Spend
-from .callers import add_caller
-from .cards import CardOptions
-from .control import ControlPlane
-from .conversations import CONTROL_TOOL_NAMES
-from .delegation import CANCELED_TEXT, ChildConfig, Resume
+from .clidefaults import DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES
 from .errors import OrchestratorError
 from .events import (
     CHILD_EVENT_KINDS,
@@ -33,10 +28,6 @@ from .events import (
     event_from_dict,
     event_to_dict,
 )
-from .hooks import Hooks, load_hook_file
-from .models import ModelSettings, describe_model, is_scripted, resolve_model
-from .network import AgentSpec, Network
-from .parent import ParentAgent
 from .pipeline import (
     PROGRESS_KEY,
     Brief,
@@ -47,20 +38,25 @@ from .pipeline import (
     TaskSpec,
     extract_signal,
 )
-from .policy import SpawnPolicy, load_policy_file
-from .reactions import Reaction, Reactions, load_reactions
-from .roles import find_role
 from .runner import Liveness, liveness, stop_signal_listener
-from .runtime import ASK_PARENT
-from .server import run_role_server
-from .session import RelayedEvent, Session, keep_out_of_git
 from .store import RunnerRecord, Store
-from .tools import TOOL_NAMES, Sandbox
-from .transports import RemoteDelegate
 from .view import LiveTree, describe_event
 
+# What only the commands that run something need (the session with its
+# transports, the role server, the parent agent, models, tools, hooks,
+# policy, reactions, httpx) is imported in those commands: the session alone
+# loads the SDK's server side, and `status`, `children` and `events` should
+# start in a fraction of that time. Names used only in annotations are here.
 if TYPE_CHECKING:
     from .access import Access
+    from .control import ControlPlane
+    from .hooks import Hooks
+    from .models import ModelSettings
+    from .network import Network
+    from .policy import SpawnPolicy
+    from .reactions import Reaction, Reactions
+    from .session import Session
+    from .tools import Sandbox
 
 __all__ = [
     "ASYNC_COMMANDS",
@@ -69,19 +65,6 @@ __all__ = [
     "DEFAULT_TOKEN_ENV",
     "EXIT_CODES",
 ]
-
-DEFAULT_PORTS = {
-    "orchestrator": 9100,
-    "architect": 9101,
-    "coder": 9102,
-    "reviewer": 9103,
-    "observer": 9104,
-}
-"""Where `serve` listens by default; other roles default to 9110."""
-DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
-DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
-EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
-"""`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +85,8 @@ def say(text: str = "") -> None:
 
 
 def _settings_and_models() -> tuple[ModelSettings, Any]:
+    from .models import ModelSettings, resolve_model
+
     settings = ModelSettings.from_env()
     return settings, lambda name: resolve_model(name, settings)
 
@@ -113,6 +98,8 @@ def _model_notice(settings: ModelSettings) -> None:
 
 def _policy(path: Path | None, config_dir: Path) -> SpawnPolicy | None:
     """The spawn policy: `--policy FILE`, else `policy.toml` beside the hooks."""
+    from .policy import SpawnPolicy, load_policy_file
+
     candidate = path or config_dir / "policy.toml"
     if path is not None or candidate.exists():
         return load_policy_file(candidate, SpawnPolicy(cwd=config_dir.parent))
@@ -120,6 +107,8 @@ def _policy(path: Path | None, config_dir: Path) -> SpawnPolicy | None:
 
 
 def _hooks(path: Path | None, config_dir: Path) -> Hooks:
+    from .hooks import Hooks, load_hook_file
+
     candidate = path or config_dir / "hooks.toml"
     if path is not None or candidate.exists():
         return load_hook_file(candidate)
@@ -129,6 +118,8 @@ def _hooks(path: Path | None, config_dir: Path) -> Hooks:
 def sandbox_of(args: argparse.Namespace) -> Sandbox:
     """The operator's sandbox for commands: `--no-sandbox`/`--allow-network`,
     else the A2A_SANDBOX* variables. Turning it off is said out loud."""
+    from .tools import Sandbox
+
     sandbox = Sandbox.from_env(no_sandbox=args.no_sandbox, allow_network=args.allow_network)
     if not sandbox.enabled:
         logger.warning("the operator turned the command sandbox off: %s", sandbox.describe())
@@ -144,6 +135,8 @@ def _existing_store(path: Path) -> Store:
 
 def _new_store(path: Path) -> Store:
     """The store a command writes; a `.a2a` directory made for it is kept out of git."""
+    from .session import keep_out_of_git
+
     if path.parent.name == ".a2a":
         keep_out_of_git(path.parent)
     return Store(path)
@@ -188,6 +181,12 @@ def _check_agents(network: Network, agents: list[str], settings: ModelSettings) 
     """Each agent resolves, and each in-process one's role file and model
     script load: bad configuration is a clear error (exit 2) before anything
     runs, not a failed pass halfway through."""
+    from .conversations import CONTROL_TOOL_NAMES
+    from .models import resolve_model
+    from .roles import find_role
+    from .runtime import ASK_PARENT
+    from .tools import TOOL_NAMES
+
     for agent in agents:
         spec = network.resolve(agent)
         if spec.remote:
@@ -231,15 +230,23 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def _reaction_rules(config_dir: Path) -> list[Reaction]:
+    from .reactions import load_reactions
+
     path = config_dir / "reactions.toml"
     return load_reactions(path) if path.exists() else []
 
 
 def _reactions(plane: ControlPlane, rules: list[Reaction]) -> Reactions | None:
+    from .reactions import Reactions
+
     return Reactions(plane, rules) if rules else None
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from .network import Network
+    from .roles import find_role
+    from .session import Session
+
     workdir = workdir_of(args.workdir)
     if not args.task.strip():
         raise OrchestratorError("TASK is empty: say what to do")
@@ -292,6 +299,9 @@ async def _follow_pipeline(
 ) -> int:
     """Run (or, `resume`, continue) `pipeline` with its live tree; the exit
     code is its signal."""
+    from .control import ControlPlane
+    from .session import RelayedEvent
+
     plane = ControlPlane(session, hooks=hooks)
     reactions = _reactions(plane, rules)
     tree = LiveTree(f"pipeline  session {session.id[:8]}", expected=list(PIPELINE_PASSES))
@@ -343,6 +353,8 @@ async def _run_parent(
 ) -> int:
     """A parent agent's turn, then whatever it set going: its children, and the
     turns their events start in it (an observer's injections), until all rest."""
+    from .parent import ParentAgent
+
     parent = await ParentAgent.restore(session, models("default"), role=args.role, hooks=hooks)
     reactions = _reactions(parent.plane, rules)
     tree = LiveTree(f"{args.role}  session {session.id[:8]}")
@@ -385,6 +397,13 @@ async def _run_parent(
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from .cards import CardOptions
+    from .models import describe_model, is_scripted, resolve_model
+    from .network import Network
+    from .roles import find_role
+    from .server import run_role_server
+    from .session import keep_out_of_git
+
     workdir = workdir_of(args.workdir)
     # A role server keeps its journal (and by default its task store) there.
     keep_out_of_git(workdir / ".a2a")
@@ -495,6 +514,8 @@ def access_of(args: argparse.Namespace) -> Access | None:
 
 
 async def _token(args: argparse.Namespace) -> int:
+    from .callers import add_caller
+
     path = args.file or os.environ.get("A2A_CALLERS_FILE")
     if not path:
         raise OrchestratorError("which callers file? pass --file or set A2A_CALLERS_FILE")
@@ -644,6 +665,8 @@ async def _events(args: argparse.Namespace) -> int:
 
 
 async def _stop(args: argparse.Namespace) -> int:
+    import httpx
+
     if args.store.exists():
         # A short id is resolved here; the server's API takes whole ids. An
         # id this store does not know may still be the server's.
@@ -762,10 +785,16 @@ async def _stop_through_runner(
 async def _stop_without_runner(store: Store, session_id: str) -> int:
     """No process runs the session: what the store says is running is not, so
     recording it aborted is the truth (remote children get CancelTask first)."""
+    from .delegation import CANCELED_TEXT, ChildConfig
+    from .network import AgentSpec, Network
+
     records = await store.list_children(session_id=session_id, statuses=["running"])
     if not records:
         say("stopped 0 (no live runner, and no child was running)")
         return 0
+    from .delegation import Resume
+    from .transports import RemoteDelegate
+
     network = Network.load()
     remote = RemoteDelegate()
     try:
@@ -806,6 +835,9 @@ async def _stop_without_runner(store: Store, session_id: str) -> int:
 
 
 async def _resume(args: argparse.Namespace) -> int:
+    from .network import Network
+    from .session import Session
+
     store = _existing_store(args.store)
     session_id = await session_id_of(store, args.session, args.store)
     row = await store.get_session(session_id) or {}

@@ -45,7 +45,7 @@ import math
 import os
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -65,8 +65,11 @@ from .records import RecordKind
 from .render import normalise, render_final_answer, truncate_to_budget
 from .roles import Role, find_role
 from .runtime import Conversation
-from .session import Session
 from .tools import Tool
+
+if TYPE_CHECKING:
+    # Only in annotations: keeps the control plane importable without the transports.
+    from .session import Session
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT",

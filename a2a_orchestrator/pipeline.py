@@ -28,7 +28,7 @@ import tempfile
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import anyio
 
@@ -38,7 +38,11 @@ from .errors import OrchestratorError
 from .events import Done, Failed, InputRequired
 from .models.base import Usage
 from .records import RecordKind
-from .session import Session
+
+if TYPE_CHECKING:
+    # Only in annotations: importing the session here would load the transports
+    # and the SDK server side for every reader of a pipeline record (`status`).
+    from .session import Session
 
 __all__ = [
     "PROGRESS_KEY",

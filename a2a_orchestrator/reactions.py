@@ -25,15 +25,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .control import ControlPlane
 from .delegation import ChildHandle
 from .errors import ConfigError, ControlError
 from .events import ChildEvent
 from .lookup import toml_tables
 from .records import RecordKind
 from .selectors import Selector, event_context, render_inject
+
+if TYPE_CHECKING:
+    # Only in annotations (see control.py).
+    from .control import ControlPlane
 
 __all__ = ["REACTION_SIGNALS", "Reaction", "Reactions", "load_reactions"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -32,7 +32,10 @@ from .events import (
     ToolCalled,
     ToolResult,
 )
-from .session import RelayedEvent
+
+if TYPE_CHECKING:
+    # Only in annotations: the CLI shows stored events without loading the session.
+    from .session import RelayedEvent
 
 __all__ = ["LiveTree", "describe_event"]
 

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a.helpers import get_message_text, new_data_part, new_text_part
-from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, Part, Role, StreamResponse, Task, TaskState
 from google.protobuf.json_format import MessageToDict
 
@@ -59,6 +58,11 @@ from .events import (
 from .models.base import ChatMessage, Usage
 from .selectors import Selector
 from .transcript import rebuild_transcript
+
+if TYPE_CHECKING:
+    # Only in annotations: the client side (remote transport) reads frames with
+    # these helpers and must not load the SDK's server side.
+    from a2a.server.tasks import TaskUpdater
 
 __all__ = [
     "CONFIG_KEY",

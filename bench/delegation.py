@@ -1,16 +1,24 @@
-"""Sequential delegation round trips: bare a2a-sdk vs our remote and local transports.
+"""Delegation round trips, one at a time: the bare a2a-sdk floor against ours.
 
-    python bench/delegation.py [-n 200]
+    python bench/delegation.py [--rounds 7] [-n 40] [--quick]
 
-(a) a bare a2a-sdk client streaming to a bare a2a-sdk server whose executor
-    completes at once;
-(b) our remote transport (Session -> RemoteDelegate) to a role server whose
-    scripted model answers at once;
-(c) our local transport (Session -> in-process conversation), same model.
+Variants, each one call after another with an instant model, on 127.0.0.1:
 
-All three in this process, in one run, on 127.0.0.1; prints the median per
-call and the ratios b/a and c/a. (b) and (c) include what a delegation costs
-here: resolving the agent, recording the child and its events in SQLite.
+  bare SDK     a bare a2a-sdk client streaming to a bare a2a-sdk server whose
+               executor completes at once (the floor for a remote delegation)
+  in-process   one turn of the same scripted model, awaited directly: no
+               store, no session (the floor for a local child)
+  local        `Session.spawn` of an in-process child, then `wait()`
+  remote       `Session.spawn` of a child on a role server (`run_role_server`,
+               the project's server with its SQLite task store), then `wait()`
+
+All in this process and one run, so CPU time (process time, which counts the
+servers' and the stores' threads too) covers both ends of every variant alike.
+The variants are interleaved: each of `--rounds` rounds runs `-n` calls of
+every variant in turn, so a change in the machine's load falls on all of
+them. Prints wall and CPU per call (min and median over all calls) and each
+variant's median against the bare SDK's from the same run, with the range of
+that ratio over the rounds.
 """
 
 from __future__ import annotations
@@ -35,12 +43,14 @@ from a2a.types import (
     AgentCapabilities,
     AgentCard,
     AgentInterface,
+    AgentSkill,
     Role,
     SendMessageRequest,
     Task,
     TaskState,
     TaskStatus,
 )
+from benchkit import machine_line, min_median
 from starlette.applications import Starlette
 
 from a2a_orchestrator.delegation import ChildConfig
@@ -51,6 +61,8 @@ from a2a_orchestrator.server import run_role_server
 from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
+
+Call = Callable[[], Awaitable[None]]
 
 
 class InstantExecutor(AgentExecutor):
@@ -83,6 +95,8 @@ def bare_app(url: str) -> Starlette:
         capabilities=AgentCapabilities(streaming=True),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
+        # A spec-complete card, so the SDK does not warn on every start.
+        skills=[AgentSkill(id="echo", name="echo", description="answers ok", tags=["bench"])],
     )
     handler = DefaultRequestHandler(
         agent_executor=InstantExecutor(), task_store=InMemoryTaskStore(), agent_card=card
@@ -90,35 +104,32 @@ def bare_app(url: str) -> Starlette:
     return Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
 
 
-async def timed(n: int, call: Callable[[], Awaitable[None]]) -> list[float]:
-    for _ in range(min(10, n)):  # warm up connections and caches
+async def timed(count: int, call: Call, wall: list[float], cpu: list[float]) -> None:
+    for _ in range(count):
+        started, used = time.perf_counter(), time.process_time()
         await call()
-    samples = []
-    for _ in range(n):
-        started = time.perf_counter()
-        await call()
-        samples.append(time.perf_counter() - started)
-    return samples
+        cpu.append(time.process_time() - used)
+        wall.append(time.perf_counter() - started)
 
 
-async def main(n: int) -> None:
+async def main(rounds: int, n: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="a2a-bench-"))
     model = ScriptedModel(lambda messages: {"text": "ok"})
-    results: dict[str, list[float]] = {}
-    async with anyio.create_task_group() as tg:
+    async with anyio.create_task_group() as tg, httpx.AsyncClient(timeout=30) as http:
         sock = bind_socket("127.0.0.1", 0)
         bare_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         await tg.start(serve, bare_app(bare_url), sock)
-        async with httpx.AsyncClient(timeout=30) as http:
-            card = await A2ACardResolver(http, bare_url).get_agent_card()
-            client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
+        card = await A2ACardResolver(http, bare_url).get_agent_card()
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
 
-            async def bare() -> None:
-                request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
-                async for _ in client.send_message(request):
-                    pass
+        async def bare() -> None:
+            request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
+            async for _ in client.send_message(request):
+                pass
 
-            results["a  bare a2a-sdk"] = await timed(n, bare)
+        async def in_process() -> None:
+            async for _ in model.stream([{"role": "user", "content": "hi"}], []):
+                pass
 
         async with run_role_server(
             find_role("coder"), model, work, db=str(work / "role.db")
@@ -131,25 +142,77 @@ async def main(n: int) -> None:
                 Store(work / "o.db"), workdir=work, network=network, models=lambda name: model
             ) as session:
 
-                async def delegate(agent: str) -> None:
-                    handle = await session.spawn(ChildConfig(role=agent, prompt="hi"))
-                    await handle.wait()
+                def delegate(agent: str) -> Call:
+                    async def call() -> None:
+                        handle = await session.spawn(ChildConfig(role=agent, prompt="hi"))
+                        await handle.wait()
 
-                results["b  ours, remote"] = await timed(n, lambda: delegate("remote"))
-                results["c  ours, local"] = await timed(n, lambda: delegate("local"))
+                    return call
+
+                variants: dict[str, Call] = {
+                    "bare SDK": bare,
+                    "in-process": in_process,
+                    "local": delegate("local"),
+                    "remote": delegate("remote"),
+                }
+                for call in variants.values():  # warm up connections and caches
+                    for _ in range(min(10, n)):
+                        await call()
+                wall: dict[str, list[float]] = {name: [] for name in variants}
+                cpu: dict[str, list[float]] = {name: [] for name in variants}
+                # Each round's median wall and CPU per variant, for the ratios' spread.
+                per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+                for _ in range(rounds):
+                    for name, call in variants.items():
+                        before = len(wall[name])
+                        await timed(n, call, wall[name], cpu[name])
+                        per_round[name].append(
+                            (
+                                statistics.median(wall[name][before:]),
+                                statistics.median(cpu[name][before:]),
+                            )
+                        )
         tg.cancel_scope.cancel()
 
-    medians = {name: statistics.median(samples) for name, samples in results.items()}
-    print(f"{n} sequential delegations each, instant model, 127.0.0.1")
-    for name, median in medians.items():
-        p90 = statistics.quantiles(results[name], n=10)[-1]
-        print(f"  {name:<18} median {median * 1000:7.2f} ms   p90 {p90 * 1000:7.2f} ms")
-    a = medians["a  bare a2a-sdk"]
-    print(f"  ratio b/a (remote vs bare SDK): {medians['b  ours, remote'] / a:5.2f}")
-    print(f"  ratio c/a (local  vs bare SDK): {medians['c  ours, local'] / a:5.2f}")
+    print(f"delegation: {rounds} rounds x {n} calls per variant, instant model, 127.0.0.1")
+    print(f"machine: {machine_line()}")
+    print(
+        f"  {'variant':<11} {'wall min':>9} {'median':>9} {'cpu min':>9} {'median':>9}"
+        "   vs bare SDK, medians: wall (round range)  cpu (round range)"
+    )
+    floor_wall, floor_cpu = statistics.median(wall["bare SDK"]), statistics.median(cpu["bare SDK"])
+    for name in variants:
+        wall_min, wall_median = min_median(wall[name])
+        cpu_min, cpu_median = min_median(cpu[name])
+        pairs = zip(per_round[name], per_round["bare SDK"], strict=True)
+        ratios = [(w / fw, c / fc) for (w, c), (fw, fc) in pairs]
+        wall_ratios, cpu_ratios = [r[0] for r in ratios], [r[1] for r in ratios]
+        print(
+            f"  {name:<11} {wall_min * 1000:6.2f} ms {wall_median * 1000:6.2f} ms"
+            f" {cpu_min * 1000:6.2f} ms {cpu_median * 1000:6.2f} ms"
+            f"   {wall_median / floor_wall:5.2f}x ({min(wall_ratios):.2f}-{max(wall_ratios):.2f})"
+            f"  {cpu_median / floor_cpu:5.2f}x ({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})"
+        )
+
+    def median_of(samples: dict[str, list[float]], name: str) -> float:
+        return statistics.median(samples[name])
+
+    print(
+        "remote delegation / bare SDK (goal <= 1.5x):"
+        f" wall {median_of(wall, 'remote') / floor_wall:.2f}x,"
+        f" cpu {median_of(cpu, 'remote') / floor_cpu:.2f}x"
+    )
+    print(
+        "local child overhead, local - in-process (goal <= 1 ms):"
+        f" wall {(median_of(wall, 'local') - median_of(wall, 'in-process')) * 1000:.2f} ms,"
+        f" cpu {(median_of(cpu, 'local') - median_of(cpu, 'in-process')) * 1000:.2f} ms"
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=200, help="delegations per variant")
-    anyio.run(main, parser.parse_args().n)
+    parser.add_argument("--rounds", type=int, default=7, help="rounds, each running every variant")
+    parser.add_argument("-n", type=int, default=40, help="calls per variant per round")
+    parser.add_argument("--quick", action="store_true", help="5 rounds of 2 calls: a smoke test")
+    args = parser.parse_args()
+    anyio.run(main, *((5, 2) if args.quick else (max(5, args.rounds), args.n)))

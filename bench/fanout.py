@@ -1,28 +1,26 @@
-"""Fan-out: many concurrent children spread over several role servers.
+"""Fan-out: N children at once over several role-server processes.
 
-    python bench/fanout.py [--servers 3] [--sizes 10 100 1000]
+    python bench/fanout.py [--children 1000] [--servers 4] [--quick]
 
 Starts the role servers as real processes (`a2a-orchestrator serve coder`,
-instant scripted model), then for each size spawns that many children at
-once through one Session (remote transport, round robin over the servers)
-and waits for all. Prints wall time, children per second, child events per
-second (as stored by the orchestrator) and the orchestrator's peak memory.
+instant scripted model), as a deployment runs them. One Session (remote
+transport, round robin over the servers) then starts every child
+concurrently, each in its own task (`spawn`, then `result`), and waits for
+all. Prints the wall time, children per second, the most children in flight
+at once (spawned and not yet finished), and memory per child: the resident
+memory (VmRSS from /proc) of the orchestrator and of each server at its
+highest during the fan-out, less what it held just before, divided by N.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import anyio
+from benchkit import machine_line, rss_mib, start_servers, stop_servers
 
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import Done
@@ -30,99 +28,94 @@ from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 
-
-def start_servers(count: int, work: Path) -> tuple[list[subprocess.Popen[str]], list[str]]:
-    script = work / "instant.json"
-    script.write_text(json.dumps([{"text": "ok"}]))
-    env = {
-        **os.environ,
-        "A2A_MODEL_SCRIPT": str(script),
-        "A2A_MODEL_BASE_URL": "",
-        "A2A_MODEL_API_KEY": "",
-        "OPENAI_BASE_URL": "",
-        "OPENAI_API_KEY": "",
-    }
-    processes, urls = [], []
-    for index in range(count):
-        db = work / f"role-{index}.db"
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "a2a_orchestrator.cli",
-                "serve",
-                "coder",
-                "--port",
-                "0",
-                "--db",
-                str(db),
-                "--workdir",
-                str(work),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        assert process.stdout is not None
-        match = re.search(r"serving A2A at (http://\S+)", process.stdout.readline())
-        if not match:
-            raise SystemExit("a role server did not start")
-        processes.append(process)
-        urls.append(match.group(1))
-    return processes, urls
+# How often memory is read while the children run.
+SAMPLE_EVERY = 0.05
 
 
-async def run(size: int, urls: list[str], work: Path) -> dict[str, float]:
+class Counts:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.done = 0
+        self.failures: list[str] = []
+
+
+async def fan_out(count: int, urls: list[str], pids: list[int], work: Path) -> None:
     network = Network.of(
         *(AgentSpec(name=f"coder-{i}", role="coder", url=url) for i, url in enumerate(urls))
     )
-    store = Store(work / f"orchestrator-{size}.db")
+    store = Store(work / "orchestrator.db")
+    counts = Counts()
     async with Session(store, workdir=work, network=network) as session:
-        # One child first, so connections and cards are warm.
-        await (await session.spawn(ChildConfig(role="coder-0", prompt="warm up"))).wait()
-        started = time.perf_counter()
-        handles = []
-        for index in range(size):
+        # One child per server first, so connections and cards are warm.
+        for index in range(len(urls)):
+            await (await session.spawn(ChildConfig(role=f"coder-{index}", prompt="warm"))).wait()
+        before = {"orchestrator": rss_mib()} | {
+            f"server {i}": rss_mib(p) for i, p in enumerate(pids)
+        }
+        peak = dict(before)
+
+        async def child(index: int) -> None:
+            counts.in_flight += 1
+            counts.most_in_flight = max(counts.most_in_flight, counts.in_flight)
             agent = f"coder-{index % len(urls)}"
-            handles.append(await session.spawn(ChildConfig(role=agent, prompt=f"child {index}")))
-        results = [await handle.result() for handle in handles]
-        wall = time.perf_counter() - started
-    events = len(await store.events(session.id)) - 4  # less the warm-up child's
+            handle = await session.spawn(ChildConfig(role=agent, prompt=f"child {index}"))
+            result = await handle.result()
+            counts.in_flight -= 1
+            if isinstance(result, Done):
+                counts.done += 1
+            else:
+                counts.failures.append(getattr(result, "message", type(result).__name__))
+
+        async def sample(stop: anyio.Event) -> None:
+            while not stop.is_set():
+                peak["orchestrator"] = max(peak["orchestrator"], rss_mib())
+                for i, pid in enumerate(pids):
+                    peak[f"server {i}"] = max(peak[f"server {i}"], rss_mib(pid))
+                with anyio.move_on_after(SAMPLE_EVERY):
+                    await stop.wait()
+
+        stop = anyio.Event()
+        started, used = time.perf_counter(), time.process_time()
+        async with anyio.create_task_group() as sampler:
+            sampler.start_soon(sample, stop)
+            async with anyio.create_task_group() as children:
+                for index in range(count):
+                    children.start_soon(child, index)
+            wall, cpu = time.perf_counter() - started, time.process_time() - used
+            stop.set()
     store.close()
-    done = sum(isinstance(r, Done) for r in results)
-    if done != size:
-        failures = {getattr(r, "message", "") for r in results if not isinstance(r, Done)}
-        raise SystemExit(f"{size - done} of {size} children did not finish: {failures}")
-    return {"wall": wall, "events": events}
+    if counts.done != count:
+        raise SystemExit(
+            f"{count - counts.done} of {count} children did not finish: {set(counts.failures)}"
+        )
+    print(
+        f"{count} children: wall {wall:6.2f} s (goal <= 6 s for 1,000), {count / wall:7.1f}"
+        f" children/s, orchestrator cpu {cpu:6.2f} s, most in flight {counts.most_in_flight}"
+    )
+    for name in peak:
+        grown = peak[name] - before[name]
+        print(
+            f"  {name:<12} RSS before {before[name]:7.1f} MiB, peak {peak[name]:7.1f} MiB,"
+            f" per child {grown * 1024 / count:7.1f} KiB"
+        )
 
 
-async def main(servers: int, sizes: list[int]) -> None:
+async def main(count: int, servers: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="a2a-fanout-"))
-    processes, urls = start_servers(servers, work)
+    processes, urls = start_servers(servers, work, [{"text": "ok"}])
     try:
         print(f"fan-out over {servers} role servers (processes), instant scripted model")
-        for size in sizes:
-            figures = await run(size, urls, work)
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(
-                f"  {size:5d} children: wall {figures['wall']:6.2f} s, "
-                f"{size / figures['wall']:7.1f} children/s, "
-                f"{figures['events'] / figures['wall']:7.1f} events/s, "
-                f"orchestrator peak RSS {peak:6.1f} MiB"
-            )
+        print(f"machine: {machine_line()}")
+        await fan_out(count, urls, [p.pid for p in processes], work)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+        stop_servers(processes)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--servers", type=int, default=3, help="role server processes")
-    parser.add_argument(
-        "--sizes", type=int, nargs="+", default=[10, 100, 1000], help="fan-out sizes"
-    )
+    parser.add_argument("--children", type=int, default=1000, help="children at once (1000)")
+    parser.add_argument("--servers", type=int, default=4, help="role server processes (4)")
+    parser.add_argument("--quick", action="store_true", help="20 children, 2 servers: a smoke test")
     args = parser.parse_args()
-    anyio.run(main, args.servers, args.sizes)
+    anyio.run(main, *((20, 2) if args.quick else (args.children, args.servers)))

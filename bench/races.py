@@ -7,7 +7,7 @@ a tight loop, while the tool is called `--trials` times on paths through
 listed or grepped an outside file. A refused call (`sub` was the symlink at
 that moment) is counted apart: it shows the race was really run.
 
-    python bench/races.py --trials 3000
+    python bench/races.py --trials 3000   (--quick: 100 calls per tool)
 
 The test suite runs the same races, smaller (`tests/test_confinement.py`).
 """
@@ -188,6 +188,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--tools", nargs="+", choices=TOOLS, default=list(TOOLS), help="which tools to race"
     )
+    parser.add_argument("--quick", action="store_true", help="100 calls per tool: a smoke test")
     ns = parser.parse_args()
-    results = anyio.run(main, ns.trials, tuple(ns.tools))
+    results = anyio.run(main, 100 if ns.quick else ns.trials, tuple(ns.tools))
     sys.exit(1 if any(r.escaped for r in results) else 0)

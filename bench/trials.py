@@ -1,6 +1,6 @@
 """Randomized SIGKILL trials: side effects at most once, nothing lost, nothing left over.
 
-    python bench/trials.py [--trials 100] [--seed N] [--no-sandbox] [--races 3000]
+    python bench/trials.py [--trials 100] [--seed N] [--no-sandbox] [--races 3000] [--quick]
 
 Each trial kills one process with SIGKILL at a random moment (before, during
 or after a child's shell command) and recovers the way a user would:
@@ -249,11 +249,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--races", type=int, default=0, help="confinement races per tool")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 trials (seed 2: one of each kind): a smoke test"
+    )
     parser.add_argument("--worker", nargs=2, metavar=("STORE", "WORKDIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         anyio.run(worker, *args.worker)
         return
+    if args.quick:
+        args.trials, args.seed = 2, 2
     totals = anyio.run(run_trials, args.trials, args.seed, args.no_sandbox)
     escaped = 0
     if args.races:

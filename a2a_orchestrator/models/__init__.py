@@ -6,7 +6,7 @@ replays recorded turns (tests, the offline demo). `resolve_model` picks one
 from a role's model name and `ModelSettings.from_env()`.
 """
 
-from __future__ import annotations
+import typing as _typing
 
 from .base import ChatMessage as ChatMessage
 from .base import Model as Model
@@ -22,12 +22,25 @@ from .config import describe_model as describe_model
 from .config import is_scripted as is_scripted
 from .config import limit_model as limit_model
 from .config import resolve_model as resolve_model
-from .openai import OpenAIModel as OpenAIModel
 from .scripted import ScriptedModel as ScriptedModel
 from .scripted import ScriptedToolCall as ScriptedToolCall
 from .scripted import ScriptedTurn as ScriptedTurn
 from .scripted import ScriptFunction as ScriptFunction
 from .scripted import TurnLike as TurnLike
+
+if _typing.TYPE_CHECKING:
+    from .openai import OpenAIModel as OpenAIModel
+
+
+def __getattr__(name: str) -> object:
+    # OpenAIModel loads the openai package (about half a second); a process
+    # with a scripted model, or none, never pays for it (PEP 562).
+    if name == "OpenAIModel":
+        from .openai import OpenAIModel
+
+        return OpenAIModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "OFFLINE_NOTICE",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Model
-from .openai import DEFAULT_RETRIES, DEFAULT_TIMEOUT, OpenAIModel, check_retries, check_timeout
+from .limits import DEFAULT_RETRIES, DEFAULT_TIMEOUT, check_retries, check_timeout
 from .scripted import ScriptedModel
 
 __all__ = [
@@ -147,6 +147,9 @@ def resolve_model(
         return ScriptedModel.from_file(concrete.removeprefix(_SCRIPTED + ":"))
     if concrete == _SCRIPTED or settings.offline:
         return _offline_model(settings, fallback_script)
+    # Imported here: the openai package is loaded only for an endpoint model.
+    from .openai import OpenAIModel
+
     return OpenAIModel(
         concrete,
         base_url=settings.base_url,
@@ -163,7 +166,11 @@ def limit_model(model: Model, *, timeout: float | None, retries: int | None) -> 
     scripted one, one of your own) is returned as it is. Bad values raise
     `ConfigError`.
     """
-    if isinstance(model, OpenAIModel) and (timeout is not None or retries is not None):
+    if timeout is None and retries is None:
+        return model
+    from .openai import OpenAIModel  # here, not at the top: see resolve_model
+
+    if isinstance(model, OpenAIModel):
         return model.with_limits(timeout=timeout, retries=retries)
     return model
 

@@ -46,20 +46,13 @@ from typing import Any, Self
 import anyio
 import openai
 
-from ..errors import ConfigError, ModelError
+from ..errors import ModelError
 from .base import ChatMessage, ModelItem, TextDelta, ToolCall, ToolSpec, Usage
+from .limits import DEFAULT_RETRIES, DEFAULT_TIMEOUT, check_retries, check_timeout
 
 __all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT", "OpenAIModel", "check_retries", "check_timeout"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT = 15.0
-"""Seconds without a byte from the endpoint before an attempt fails. With
-`DEFAULT_RETRIES` a hung endpoint fails in about 47 s: under the 60 s a role's
-turn gets by default, so the turn reports the model, not its own timeout."""
-
-DEFAULT_RETRIES = 2
-"""Attempts after the first for one model call."""
 
 # Local servers (Ollama, vLLM, llama.cpp, LM Studio) accept any key, but the
 # openai client refuses to start without one; this stand-in is never a secret.
@@ -359,25 +352,6 @@ class OpenAIModel:
         if isinstance(exc, openai.OpenAIError):
             return ModelError(f"model endpoint {url} failed {model}: {exc}")
         return ModelError(f"model endpoint {url} sent a malformed stream {model}: {exc}")
-
-
-def check_timeout(value: object, what: str) -> float:
-    """`value` as a timeout in seconds (0: no limit), else `ConfigError` naming `what`."""
-    if (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    ):
-        return float(value)
-    raise ConfigError(f"{what} must be a number of seconds, 0 for no limit, got {value!r}")
-
-
-def check_retries(value: object, what: str) -> int:
-    """`value` as a retry count, else `ConfigError` naming `what`."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise ConfigError(f"{what} must be a whole number, 0 or more, got {value!r}")
 
 
 def _http_timeout(seconds: float) -> openai.Timeout:

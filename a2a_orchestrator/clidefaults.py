@@ -1,0 +1,31 @@
+"""The CLI's defaults: ports, the store's path, the token variable, exit codes.
+
+Apart from `commands.py` so the parser (`cli.py`) can show them in `--help`
+without importing what the commands run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .pipeline import Signal
+
+__all__ = ["DEFAULT_PORTS", "DEFAULT_STORE", "DEFAULT_TOKEN_ENV", "EXIT_CODES", "PROTOCOLS"]
+
+DEFAULT_PORTS = {
+    "orchestrator": 9100,
+    "architect": 9101,
+    "coder": 9102,
+    "reviewer": 9103,
+    "observer": 9104,
+}
+"""Where `serve` listens by default; other roles default to 9110."""
+DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
+DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
+EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
+"""`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
+PROTOCOLS = ("both", "1.0")
+"""`both`: endpoints for A2A 1.0 and 0.3 (v0.3 peers can read the card);
+`1.0`: a card with A2A 1.0 fields only."""

@@ -1,0 +1,50 @@
+"""Every benchmark still runs: each script in its quick mode, as a subprocess,
+printing its figures. Nothing here checks a figure's value (speed is measured
+in bench/, never asserted), only that the figures are there."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+# Each script's quick run, and lines its output must hold (regular expressions).
+FIGURES = {
+    "startup.py": [r"--help\s+wall min\s+[\d.]+ s", r"status\s+wall min\s+[\d.]+ s.*cpu min"],
+    "delegation.py": [
+        r"bare SDK\s+[\d.]+ ms",
+        r"in-process\s+[\d.]+ ms",
+        r"local\s+[\d.]+ ms",
+        r"remote\s+[\d.]+ ms",
+        r"remote delegation / bare SDK .*: wall [\d.]+x, cpu [\d.]+x",
+        r"local child overhead.*: wall -?[\d.]+ ms",
+    ],
+    "fanout.py": [
+        r"20 children: wall\s+[\d.]+ s.*children/s.*most in flight \d+",
+        r"orchestrator\s+RSS before .* per child\s+-?[\d.]+ KiB",
+        r"server 1\s+RSS before .* per child\s+-?[\d.]+ KiB",
+    ],
+    "relay.py": [r"local\s+\d+ events: events/s min\s+\d+", r"remote\s+\d+ events: events/s"],
+    "races.py": [r"races: 500 trials, 0 escaped"],
+    "trials.py": [r"SIGKILL trials: 2 \(1 orchestrator, 1 role server\).*lost 0, re-run 0"],
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script", sorted(FIGURES))
+def test_bench_quick_mode_prints_its_figures(script: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for figure in FIGURES[script]:
+        assert re.search(figure, done.stdout), (figure, done.stdout)
