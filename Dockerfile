@@ -47,8 +47,10 @@ COPY a2a_orchestrator/ a2a_orchestrator/
 COPY roles/ roles/
 COPY agents/ agents/
 # A regular (not editable) install: the shipped roles and agents then live
-# inside the installed package, so lookup finds them from any directory.
-RUN pip install --no-cache-dir .
+# inside the installed package, so lookup finds them from any directory. The
+# postgresql extra (its drivers) lets the same image run as replicas sharing
+# a PostgreSQL store (docker-compose.yaml's `scale` profile, deploy/).
+RUN pip install --no-cache-dir .[postgresql]
 
 USER a2a
 
