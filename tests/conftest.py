@@ -87,3 +87,8 @@ def running_with_args(*argv: str) -> list[int]:
             except OSError:
                 continue  # exited while we looked
     return found
+
+
+# -- PostgreSQL (replicas sharing one database) --------------------------------
+
+from postgres import postgres  # noqa: E402, F401  (a session fixture)
