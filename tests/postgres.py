@@ -104,11 +104,9 @@ def postgres() -> Iterator[Postgres]:
         # A throwaway server: durability across a power cut is not tested.
         " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     )
+    start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "log")]
     subprocess.run(
-        _as_postgres(
-            [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options]
-            + ["-l", str(data / "log"), "-w", "start"]
-        ),
+        _as_postgres([*start, "-w", "start"]),
         check=True,
         capture_output=True,
         timeout=120,
