@@ -52,7 +52,6 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
-from google.protobuf.json_format import MessageToDict
 
 from .budgets import Budget, PriceTable
 from .conversations import control, role_conversation, spent_in
@@ -66,7 +65,14 @@ from .runtime import Conversation
 from .selectors import Selector
 from .tools import Sandbox, Workspace
 from .transcript import rebuild_transcript
-from .wire import CONFIG_KEY, PAUSE_ON_KEY, history_entries, pause_rules_from_wire, publish
+from .wire import (
+    CONFIG_KEY,
+    PAUSE_ON_KEY,
+    history_entries,
+    metadata_of,
+    pause_rules_from_wire,
+    publish,
+)
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -153,9 +159,7 @@ logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_OwnSaveFi
 
 
 def _metadata(message: Message | None) -> dict[str, Any]:
-    if message is None or not message.HasField("metadata"):
-        return {}
-    return MessageToDict(message.metadata)
+    return metadata_of(message)
 
 
 def _pause_rules(message: Message | None) -> dict[str, Selector]:
