@@ -41,6 +41,7 @@ ints (`plain`) before anything stores or shows them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -84,6 +85,7 @@ __all__ = [
     "from_wire",
     "history_entries",
     "metadata_of",
+    "note_once",
     "pause_rules_from_wire",
     "pause_rules_to_wire",
     "plain",
@@ -177,6 +179,17 @@ def metadata_of(message: Message | None) -> dict[str, Any]:
 def event_to_wire(event: ChildEvent) -> dict[str, Any]:
     """A child event as a relayed data part holds it: `event_to_dict`, camelCase."""
     return to_wire(event_to_dict(event))
+
+
+logger = logging.getLogger(__name__)
+_noted: set[tuple[str, str]] = set()
+
+
+def note_once(peer: str, what: str) -> None:
+    """Log (debug) that `peer` needed a tolerance of the reader, the first time it does."""
+    if (peer, what) not in _noted:
+        _noted.add((peer, what))
+        logger.debug("peer %s: %s", peer, what)
 
 
 _FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost", "budget"}
@@ -379,7 +392,9 @@ class StreamDecoder:
     artifact text is kept until then.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, peer: str = "") -> None:
+        self.peer = peer
+        """The agent's address, naming it in the tolerances noted (`note_once`)."""
         self._seen: set[str] = set()
         self._artifacts: dict[str, list[str]] = {}
         self._started = False
@@ -442,10 +457,21 @@ class StreamDecoder:
 
     def _keep_artifact(self, artifact: Any, *, append: bool) -> None:
         texts = [p.text for p in artifact.parts if p.HasField("text")]
-        if append:
-            self._artifacts.setdefault(artifact.artifact_id, []).extend(texts)
-        else:
+        if not append:
             self._artifacts[artifact.artifact_id] = texts
+            return
+        kept = self._artifacts.get(artifact.artifact_id)
+        if kept is None:
+            # A chunk of an artifact whose first chunk never came (or came
+            # marked `append`): it starts the artifact.
+            note_once(self.peer, "an append chunk for an unknown artifact starts it")
+            self._artifacts[artifact.artifact_id] = texts
+        elif kept and texts:
+            # A streamed chunk continues the text it follows.
+            kept[-1] += texts[0]
+            kept.extend(texts[1:])
+        else:
+            kept.extend(texts)
 
     def _start(self) -> list[ChildEvent]:
         if self._started:

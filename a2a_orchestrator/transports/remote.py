@@ -112,11 +112,12 @@ from ..wire import (
     CONTROL_KEY,
     PAUSE_ON_KEY,
     StreamDecoder,
+    note_once,
     pause_rules_to_wire,
     transcript_from_history,
 )
 from .credentials import credential_service
-from .tolerant import note_once, tolerate_naive_timestamps
+from .tolerant import tolerate_naive_timestamps
 
 __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 
@@ -216,7 +217,7 @@ class RemoteRun:
         self.message_id = message_id
         """The id of the message that opens (or opened) the child's newest task."""
         self.on_identity: IdentityListener | None = None
-        self.decoder = StreamDecoder()
+        self.decoder = StreamDecoder(peer=self.url)
         if finished:
             self.decoder.state = TaskState.TASK_STATE_COMPLETED
         # The context's first message carries the child's configuration; a

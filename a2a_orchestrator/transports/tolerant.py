@@ -9,30 +9,19 @@ server-sent-event bodies, as they stream, before the SDK sees them. It is a
 byte substitution on the `timestamp` key only: a response without one is
 passed on unchanged, and nothing is parsed twice.
 
-`note_once` logs each tolerance once per peer, at debug level.
+Each tolerance is logged once per peer, at debug level (`wire.note_once`).
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import AsyncIterator
 
 import httpx
 
-__all__ = ["note_once", "tolerate_naive_timestamps"]
+from ..wire import note_once
 
-logger = logging.getLogger("a2a_orchestrator.transports.remote")
-
-_noted: set[tuple[str, str]] = set()
-
-
-def note_once(peer: str, what: str) -> None:
-    """Log (debug) that `peer` needed a tolerance, the first time it does."""
-    if (peer, what) in _noted:
-        return
-    _noted.add((peer, what))
-    logger.debug("peer %s: %s", peer, what)
+__all__ = ["tolerate_naive_timestamps"]
 
 
 # A JSON "timestamp" whose date-time ends right after its seconds (and
