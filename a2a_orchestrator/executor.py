@@ -52,7 +52,6 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
-from google.protobuf.json_format import MessageToDict
 
 from .budgets import Budget, PriceTable
 from .conversations import HOLD_LIMIT, control, role_conversation, spent_in
@@ -71,6 +70,7 @@ from .wire import (
     CONFIG_KEY,
     PAUSE_ON_KEY,
     history_entries,
+    metadata_of,
     pause_rules_from_wire,
     publish,
 )
@@ -144,9 +144,7 @@ def _restore_lost_calls(
 
 
 def _metadata(message: Message | None) -> dict[str, Any]:
-    if message is None or not message.HasField("metadata"):
-        return {}
-    return MessageToDict(message.metadata)
+    return metadata_of(message)
 
 
 def _pause_rules(message: Message | None) -> dict[str, Selector]:

@@ -67,7 +67,6 @@ from a2a.types import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-from google.protobuf.json_format import MessageToDict
 
 from .conversations import CONTROL_ACTIONS
 from .errors import ConfigError, ControlError
@@ -80,6 +79,7 @@ from .wire import (
     CONTROL_KEY,
     PAUSE_ON_KEY,
     TURN_ENDING_STATES,
+    metadata_of,
     pause_rules_from_wire,
 )
 
@@ -90,7 +90,7 @@ def _metadata(message: Message) -> dict[str, Any]:
     """A message's metadata as plain data; invalid params when it cannot be
     (JSON allows NaN and Infinity, which protobuf's Struct cannot turn back)."""
     try:
-        return MessageToDict(message.metadata)
+        return metadata_of(message)
     except ValueError as exc:
         raise InvalidParamsError(
             message=f"message metadata: numbers must be finite ({exc})"
@@ -180,10 +180,11 @@ class RoleRequestHandler(DefaultRequestHandler):
         executor = self.agent_executor
         if not isinstance(executor, RoleExecutor) or not message.HasField("metadata"):
             return
-        if CONFIG_KEY not in message.metadata.fields:
+        metadata = _metadata(message)
+        if CONFIG_KEY not in metadata:
             return
         try:
-            executor.check_config(_metadata(message).get(CONFIG_KEY))
+            executor.check_config(metadata.get(CONFIG_KEY))
         except ConfigError as exc:
             raise InvalidParamsError(message=f"{CONFIG_KEY}: {exc}") from exc
 

@@ -43,13 +43,12 @@ from a2a.types import (
 )
 from anyio.abc import TaskGroup
 from anyio.abc import TaskStatus as StartedStatus
-from google.protobuf.json_format import MessageToDict
 
 from .access import Access
 from .api import OWNER_KEY, api_routes
 from .cards import CardOptions
 from .control import ControlPlane
-from .events import ChildEvent, Done, Failed, MessageDelta, Started, event_to_dict
+from .events import ChildEvent, Done, Failed, MessageDelta, Started
 from .hooks import Hooks
 from .models.base import Model
 from .network import Network
@@ -76,13 +75,13 @@ from .ui import ui_routes
 from .ui_auth import BrowserLogin
 from .usage import UsageLog, usage_path
 from .view import describe_event
-from .wire import EVENT_KEY, publish
+from .wire import EVENT_KEY, event_to_wire, metadata_of, publish
 
 __all__ = ["MODE_KEY", "OrchestratorExecutor", "build_orchestrator_card", "run_orchestrator_server"]
 
 logger = logging.getLogger(__name__)
 
-MODE_KEY = "a2a_orchestrator.mode"
+MODE_KEY = "a2aOrchestrator.mode"
 MODES = ("pipeline", "delegate")
 
 
@@ -327,11 +326,7 @@ class OrchestratorExecutor(AgentExecutor):
                 )
             )
         text = get_message_text(context.message) if context.message else ""
-        metadata = (
-            MessageToDict(context.message.metadata)
-            if context.message is not None and context.message.HasField("metadata")
-            else {}
-        )
+        metadata = metadata_of(context.message)
         mode = str(metadata.get(MODE_KEY, "pipeline"))
 
         async def emit(event: ChildEvent) -> None:
@@ -402,12 +397,12 @@ class OrchestratorExecutor(AgentExecutor):
             if isinstance(relayed.event, MessageDelta):
                 continue  # the whole message follows; deltas would flood the history
             data = {
-                "child_id": relayed.child_id,
-                "parent_id": relayed.parent_id,
+                "childId": relayed.child_id,
+                "parentId": relayed.parent_id,
                 "agent": relayed.agent,
                 "role": relayed.role,
                 "transport": relayed.transport,
-                "event": event_to_dict(relayed.event),
+                "event": event_to_wire(relayed.event),
             }
             line = f"[{relayed.agent} {relayed.child_id[:6]}] {describe_event(relayed.event)}"
             message = updater.new_agent_message(

@@ -45,12 +45,12 @@ from a2a.server.context import ServerCallContext
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.types import InvalidRequestError, Task, TaskState
-from google.protobuf.json_format import MessageToDict
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .callers import Limits
 from .usage import UsageLog, today
+from .wire import metadata_of, usage_from_wire
 
 __all__ = [
     "CONCURRENCY_RETRY_AFTER",
@@ -261,13 +261,11 @@ def _reported_usage(task: Task) -> tuple[int, int]:
     message = task.status.message
     if not message.HasField("metadata"):
         return 0, 0
-    usage = MessageToDict(message.metadata).get("usage")
-    if not isinstance(usage, dict):
-        return 0, 0
     try:
-        return int(usage.get("input_tokens", 0) or 0), int(usage.get("output_tokens", 0) or 0)
+        usage = usage_from_wire(metadata_of(message).get("usage"))
     except (TypeError, ValueError):
         return 0, 0
+    return usage.input_tokens, usage.output_tokens
 
 
 def _until_utc_midnight() -> int:

@@ -24,15 +24,25 @@ closest events (`StreamDecoder`). Agent status messages end up in the task's
 history, so a conversation can be rebuilt from a stored task
 (`transcript_from_history`) after a restart.
 
+Keys: every key we write in metadata and data parts is camelCase
+(`inputTokens`, `callId`; `to_wire`), our own namespaced keys included
+(`a2aOrchestrator.event`). The reader takes the snake_case names too
+(`from_wire`, `metadata_of`): tasks stored before the change, and peers
+running an older version, still read back. Keys inside a tool call's
+`arguments` are the tool's own and are never renamed.
+
 Numbers: metadata and data parts are protobuf `Struct`s, where every number
-is a double, so a usage of `{"input_tokens": 565}` reads `565.0` in the
-wire's JSON. Our reader turns whole numbers back into ints (`plain`) before
-anything stores or shows them.
+is a double, so a usage of `{"inputTokens": 565}` reads `565.0` in the
+wire's JSON (the SDK writes each response with protobuf's `json_format`,
+which prints a double as one). Our reader turns whole numbers back into
+ints (`plain`) before anything stores or shows them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +63,7 @@ from .events import (
     Started,
     ToolCalled,
     ToolResult,
+    event_to_dict,
     new_uuid,
 )
 from .models.base import ChatMessage, Usage
@@ -74,21 +85,28 @@ __all__ = [
     "RESULT_ARTIFACT",
     "TURN_ENDING_STATES",
     "StreamDecoder",
+    "event_to_wire",
+    "from_wire",
     "history_entries",
+    "metadata_of",
+    "note_once",
     "pause_rules_from_wire",
     "pause_rules_to_wire",
     "plain",
     "publish",
+    "to_wire",
     "transcript_from_history",
+    "usage_from_wire",
     "write_at_once",
 ]
 
-EVENT_KEY = "a2a_orchestrator.event"
-CONFIG_KEY = "a2a_orchestrator.config"
-"""Message metadata of a child's first message: its `ChildConfig.overrides()`."""
-CONTROL_KEY = "a2a_orchestrator.control"
+EVENT_KEY = "a2aOrchestrator.event"
+CONFIG_KEY = "a2aOrchestrator.config"
+"""Message metadata of a child's first message: its `ChildConfig.overrides()`
+(keys camelCase on the wire, `to_wire`)."""
+CONTROL_KEY = "a2aOrchestrator.control"
 """Message metadata of a control message: pause, resume, interrupt, steer or pause_on."""
-PAUSE_ON_KEY = "a2a_orchestrator.pause_on"
+PAUSE_ON_KEY = "a2aOrchestrator.pauseOn"
 """Message metadata of a `pause_on` control message, and of a turn's message:
 the caller's pause rules for the task, `{rule id: {kind?, tool?, success?,
 contains?}}` (the whole set; empty clears it)."""
@@ -97,6 +115,87 @@ MAX_PAUSE_RULES = 32
 CONTROL_EXTENSION = "https://a2a-orchestrator.dev/extensions/control/v1"
 """The A2A extension a role server declares when it takes control messages."""
 RESULT_ARTIFACT = "result"
+
+LEGACY_KEYS: dict[str, str] = {
+    "a2a_orchestrator.event": EVENT_KEY,
+    "a2a_orchestrator.config": CONFIG_KEY,
+    "a2a_orchestrator.control": CONTROL_KEY,
+    "a2a_orchestrator.pause_on": PAUSE_ON_KEY,
+    "a2a_orchestrator.mode": "a2aOrchestrator.mode",
+}
+"""The snake_case names our keys had before 0.2, read still (stored tasks, older peers)."""
+
+# Values under these keys are someone else's data (a tool's arguments),
+# whose keys are kept exactly as they are.
+_OPAQUE = frozenset({"arguments"})
+
+
+def _camel(key: str) -> str:
+    return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), key)
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), key)
+
+
+def _rekey(value: Any, name: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            name(key): item if key in _OPAQUE else _rekey(item, name) for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_rekey(item, name) for item in value]
+    return value
+
+
+def to_wire(value: Any) -> Any:
+    """Our snake_case data with its keys camelCase, nested (`input_tokens`
+    -> `inputTokens`), as the A2A wire writes keys; `arguments` kept as is."""
+    return _rekey(value, _camel)
+
+
+def from_wire(value: Any) -> Any:
+    """Wire data with its keys snake_case again, whichever way the sender
+    wrote them (camelCase now, snake_case before); the inverse of `to_wire`."""
+    return _rekey(value, _snake)
+
+
+def metadata_of(message: Message | None) -> dict[str, Any]:
+    """A message's metadata as our own data: our namespaced keys by their
+    current names (an older sender's snake_case ones renamed), the child
+    config's keys and the plain keys (`usage`, `spent`) snake_case, whole
+    numbers ints. Raises `ValueError` for a Struct JSON cannot hold (NaN)."""
+    if message is None or not message.HasField("metadata"):
+        return {}
+    raw = plain(MessageToDict(message.metadata))
+    meta: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in LEGACY_KEYS:
+            meta.setdefault(LEGACY_KEYS[key], value)
+        elif "." in key:
+            meta[key] = value  # a namespaced key: its value is its owner's
+        else:
+            meta[_snake(key)] = from_wire(value)
+    if CONFIG_KEY in meta:
+        meta[CONFIG_KEY] = from_wire(meta[CONFIG_KEY])
+    return meta
+
+
+def event_to_wire(event: ChildEvent) -> dict[str, Any]:
+    """A child event as a relayed data part holds it: `event_to_dict`, camelCase."""
+    return to_wire(event_to_dict(event))
+
+
+logger = logging.getLogger(__name__)
+_noted: set[tuple[str, str]] = set()
+
+
+def note_once(peer: str, what: str) -> None:
+    """Log (debug) that `peer` needed a tolerance of the reader, the first time it does."""
+    if (peer, what) not in _noted:
+        _noted.add((peer, what))
+        logger.debug("peer %s: %s", peer, what)
+
 
 _FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost", "budget"}
 
@@ -139,11 +238,11 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
         case MessageDelta(text=text) | AssistantMessage(text=text):
             await _status(updater, working, [new_text_part(text)], meta, event.uuid)
         case ToolCalled(call_id=call_id, tool=tool, arguments=arguments):
-            data = {"call_id": call_id, "tool": tool, "arguments": arguments}
+            data = {"callId": call_id, "tool": tool, "arguments": arguments}
             await _status(updater, working, [new_data_part(data)], meta, event.uuid)
         case ToolResult(call_id=call_id, tool=tool, output=output, success=success):
             data = {
-                "call_id": call_id,
+                "callId": call_id,
                 "tool": tool,
                 "output": output,
                 "success": success,
@@ -157,7 +256,9 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
             meta["usage"] = usage.as_dict()
             meta["spent"] = spent.as_dict()
             await updater.add_artifact(
-                [new_text_part(text)], name=RESULT_ARTIFACT, metadata={"usage": usage.as_dict()}
+                [new_text_part(text)],
+                name=RESULT_ARTIFACT,
+                metadata=to_wire({"usage": usage.as_dict()}),
             )
             state = TaskState.TASK_STATE_COMPLETED
             await _status(updater, state, [new_text_part(text)], meta, event.uuid)
@@ -189,7 +290,7 @@ async def _status(
     meta: dict[str, Any],
     uuid: str,
 ) -> None:
-    message = updater.new_agent_message(parts, metadata=meta)
+    message = updater.new_agent_message(parts, metadata=to_wire(meta))
     # The event's uuid is the message id: both ends know the event by it.
     message.message_id = uuid
     await updater.update_status(state, message)
@@ -216,16 +317,21 @@ def plain(value: Any) -> Any:
 
 
 def _meta(message: Message) -> dict[str, Any]:
-    return plain(MessageToDict(message.metadata)) if message.HasField("metadata") else {}
+    return metadata_of(message)
 
 
 def _data(message: Message) -> dict[str, Any]:
     for part in message.parts:
         if part.HasField("data"):
-            value = plain(MessageToDict(part.data))
+            value = from_wire(plain(MessageToDict(part.data)))
             if isinstance(value, dict):
                 return value
     return {}
+
+
+def usage_from_wire(raw: Any) -> Usage:
+    """A `usage` object as read back by `metadata_of` (snake_case keys); 0 for what is missing."""
+    return _usage(raw)
 
 
 def _usage(raw: Any) -> Usage:
@@ -302,7 +408,9 @@ class StreamDecoder:
     artifact text is kept until then.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, peer: str = "") -> None:
+        self.peer = peer
+        """The agent's address, naming it in the tolerances noted (`note_once`)."""
         self._seen: set[str] = set()
         self._artifacts: dict[str, list[str]] = {}
         self._started = False
@@ -365,10 +473,21 @@ class StreamDecoder:
 
     def _keep_artifact(self, artifact: Any, *, append: bool) -> None:
         texts = [p.text for p in artifact.parts if p.HasField("text")]
-        if append:
-            self._artifacts.setdefault(artifact.artifact_id, []).extend(texts)
-        else:
+        if not append:
             self._artifacts[artifact.artifact_id] = texts
+            return
+        kept = self._artifacts.get(artifact.artifact_id)
+        if kept is None:
+            # A chunk of an artifact whose first chunk never came (or came
+            # marked `append`): it starts the artifact.
+            note_once(self.peer, "an append chunk for an unknown artifact starts it")
+            self._artifacts[artifact.artifact_id] = texts
+        elif kept and texts:
+            # A streamed chunk continues the text it follows.
+            kept[-1] += texts[0]
+            kept.extend(texts[1:])
+        else:
+            kept.extend(texts)
 
     def _start(self) -> list[ChildEvent]:
         if self._started:

@@ -30,7 +30,7 @@ from a2a_orchestrator.runtime import Conversation
 from a2a_orchestrator.selectors import Selector
 from a2a_orchestrator.supervisor import Supervisor
 from a2a_orchestrator.tools import Workspace, build_tools
-from a2a_orchestrator.wire import CONTROL_EXTENSION, CONTROL_KEY, PAUSE_ON_KEY
+from a2a_orchestrator.wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY
 
 pytestmark = pytest.mark.anyio
 
@@ -235,7 +235,7 @@ async def test_pause_rules_on_the_wire(tmp_path: Path) -> None:
                     task_id = response.task.id
                     continue
                 update = response.status_update
-                kind = update.status.message.metadata["a2a_orchestrator.event"]
+                kind = update.status.message.metadata[EVENT_KEY]
                 seen.append(kind)
                 if kind == "tool_result":
                     break

@@ -116,11 +116,13 @@ from ..wire import (
     CONTROL_KEY,
     PAUSE_ON_KEY,
     StreamDecoder,
+    note_once,
     pause_rules_to_wire,
     transcript_from_history,
 )
 from .credentials import credential_service
 from .grpc_channels import GrpcChannels, grpc_error, is_grpc_error
+from .tolerant import tolerate_naive_timestamps
 
 __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 
@@ -157,6 +159,16 @@ def translate_error(exc: BaseException, url: str) -> DelegationError:
 
 
 _TRANSLATED = (httpx.HTTPError, A2AError)
+
+_ANY_OUTPUT = ["text/plain", "application/json"]
+
+
+def accepted_output_modes(card: AgentCard) -> list[str]:
+    """What every send says it accepts (`configuration.acceptedOutputModes`):
+    the agent's own output modes when its card names them, else text and
+    JSON. Some peers (fasta2a 0.6) answer HTTP 500 to a send without them."""
+    return list(card.default_output_modes) or list(_ANY_OUTPUT)
+
 
 # How a role server (handler.py) refuses a control message for a task whose
 # turn is over, or, for steering, past its last step boundary.
@@ -212,7 +224,7 @@ class RemoteRun:
         self.message_id = message_id
         """The id of the message that opens (or opened) the child's newest task."""
         self.on_identity: IdentityListener | None = None
-        self.decoder = StreamDecoder()
+        self.decoder = StreamDecoder(peer=self.url)
         if finished:
             self.decoder.state = TaskState.TASK_STATE_COMPLETED
         # The context's first message carries the child's configuration; a
@@ -337,6 +349,9 @@ class RemoteRun:
             message = await self._message(text)
             if await self._send(message, emit) or self._ended:
                 return
+            if self.decoder.state == TaskState.TASK_STATE_SUBMITTED:
+                # Peers such as fasta2a answer every send so, `blocking` or not.
+                note_once(self.url, "answered the send with SUBMITTED; the task is followed")
         while not self.task_id:
             found = await self._locate(emit)
             if found is None:
@@ -567,9 +582,14 @@ class RemoteRun:
                         await emit(event)
                     if self.decoder.finished_turn or self._ended:
                         return
-                    request = SubscribeToTaskRequest(id=self.task_id)
-                    if await self._relay(self.client.subscribe(request), emit) or self._ended:
-                        return
+                    if self.card.capabilities.streaming:
+                        request = SubscribeToTaskRequest(id=self.task_id)
+                        if await self._relay(self.client.subscribe(request), emit) or self._ended:
+                            return
+                    else:
+                        # An agent that cannot stream is asked again after
+                        # the retry interval, until the turn is over.
+                        note_once(self.url, "no streaming: the task is polled with GetTask")
                 # The subscription ended without a terminal frame: look again.
             except (AgentUnavailableError, DelegationTimeoutError) as exc:
                 if await self._unreachable(exc, emit):
@@ -809,6 +829,8 @@ class RemoteDelegate:
             timeout=httpx.Timeout(timeout, read=stream_timeout),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
+        # The tolerant reader's first part: peers' naive timestamps read as UTC.
+        tolerate_naive_timestamps(self.http)
         self.lost_after = lost_after
         self.retry_interval = retry_interval
         self.idle_probe = idle_probe
@@ -883,6 +905,7 @@ class RemoteDelegate:
             # In the card's order of preference: gRPC where it comes first.
             supported_protocol_bindings=[TransportProtocol.JSONRPC, TransportProtocol.GRPC],
             grpc_channel_factory=self.grpc.channel,
+            accepted_output_modes=accepted_output_modes(card),
         )
         factory = ClientFactory(config)
         try:
