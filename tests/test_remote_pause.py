@@ -108,7 +108,7 @@ async def test_pause_child_holds_the_child_at_the_match(transport: str, tmp_path
             # The supervisor confirms the hold from its own watcher, beside
             # the child (the hold itself is what `late` checks): under load
             # its pause may land after HELD_FOR.
-            await wait_for(lambda: handle.paused)  # noqa: B023 (awaited here)
+            await wait_for(lambda: handle.paused)
             assert handle.paused
             await supervisor.act("resume", {"pid": pid})
         results.append(await handle.result())
