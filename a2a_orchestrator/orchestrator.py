@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from a2a.helpers import get_message_text, new_data_part, new_text_part
@@ -72,6 +72,9 @@ from .transports.local import check_sandbox
 from .usage import UsageLog, usage_path
 from .view import describe_event
 from .wire import EVENT_KEY, publish
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 __all__ = ["MODE_KEY", "OrchestratorExecutor", "build_orchestrator_card", "run_orchestrator_server"]
 
@@ -442,6 +445,8 @@ async def run_orchestrator_server(
     reactions: Sequence[Reaction] = (),
     sandbox: Sandbox | None = None,
     policy: SpawnPolicy | None = None,
+    metrics: bool = True,
+    metrics_public: bool = False,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
@@ -453,6 +458,9 @@ async def run_orchestrator_server(
     `access` says who may call (`token` alone: one caller with that token);
     each caller sees only its own tasks and sessions, on the A2A endpoint
     and the HTTP API alike.
+
+    `metrics`: serve Prometheus metrics at `/metrics` (behind the callers'
+    auth unless `metrics_public`), with the sessions' running children.
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -483,6 +491,8 @@ async def run_orchestrator_server(
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
         extra_routes=api_routes(store, lambda: executor.planes),
+        metrics=_server_metrics(executor) if metrics else None,
+        metrics_public=metrics_public,
     )
     try:
         async with run_server(
@@ -491,3 +501,10 @@ async def run_orchestrator_server(
             yield server
     finally:
         store.close()
+
+
+def _server_metrics(executor: OrchestratorExecutor) -> Metrics:
+    # Imported here: prometheus-client is loaded only by a server that counts.
+    from .metrics import Metrics, running_children
+
+    return Metrics(children=lambda: running_children(executor.host.sessions.values()))

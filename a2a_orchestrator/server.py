@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from a2a.auth.user import User
@@ -80,6 +80,9 @@ from .tools import Sandbox, Workspace
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 __all__ = [
     "REST_PREFIX",
@@ -301,6 +304,8 @@ def build_app(
     max_body: int = DEFAULT_MAX_BODY,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     extra_routes: Sequence[BaseRoute] = (),
+    metrics: Metrics | None = None,
+    metrics_public: bool = False,
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
     `access` and `usage` (and closes them).
@@ -310,6 +315,10 @@ def build_app(
     its limits, its usage recorded in `usage`. `extra_routes` (the
     orchestrator's HTTP control API) sit behind the same auth and body
     limits as the A2A endpoints.
+
+    `metrics` (None: none) are served at `/metrics`, behind the same auth
+    unless `metrics_public`, and fed from this app's task saves and the
+    conversations its requests run (`metrics.py`).
     """
     if access is None and token:
         access = Access(token=token)
@@ -319,6 +328,8 @@ def build_app(
         else None
     )
     observed = ObservedTaskStore(task_store, quotas.observe) if quotas else task_store
+    if metrics is not None:
+        observed = ObservedTaskStore(observed, metrics.task_saved)
     if isinstance(executor, RoleExecutor):
         # The executor saves a new task itself before its tools run: through
         # the same store, so quotas see that save like the SDK's own.
@@ -362,8 +373,13 @@ def build_app(
 
     # The builder hands the handler the request's refusal cell (quotas).
     builder = QuotaContextBuilder()
+    public = {AGENT_CARD_WELL_KNOWN_PATH}
+    metrics_routes = [metrics.route()] if metrics is not None else []
+    if metrics_public:
+        public.update(route.path for route in metrics_routes)
     routes = [
         *create_agent_card_routes(card, cache_control="public, max-age=60"),
+        *metrics_routes,
         *extra_routes,
         *create_jsonrpc_routes(
             handler, rpc_url="/", enable_v0_3_compat=True, context_builder=builder
@@ -377,13 +393,17 @@ def build_app(
             BodyLimitMiddleware,
             max_bytes=max_body,
             timeout=body_timeout,
-            bodyless_paths={AGENT_CARD_WELL_KNOWN_PATH},
+            bodyless_paths=public,
         )
     ]
+    if metrics is not None:
+        from .instruments import InstrumentsMiddleware
+
+        middleware.append(Middleware(InstrumentsMiddleware, instruments=metrics))
     if quotas is not None:
         middleware.append(Middleware(RefusalMiddleware))
     if access is not None:
-        backend = CallerBackend(access, public_paths={AGENT_CARD_WELL_KNOWN_PATH})
+        backend = CallerBackend(access, public_paths=public)
         # Outermost (first): a request without a good credential is refused
         # on its headers, before the body middleware reads a byte.
         middleware.insert(
@@ -393,6 +413,13 @@ def build_app(
     app.state.executor = executor
     app.state.handler = handler
     return app
+
+
+def _metrics(**kwargs: Any) -> Metrics:
+    # Imported here: prometheus-client is loaded only by a server that counts.
+    from .metrics import Metrics
+
+    return Metrics(**kwargs)
 
 
 def _no_limits(owner: str) -> Limits:
@@ -466,6 +493,8 @@ async def run_role_server(
     max_memory: int = DEFAULT_MAX_MEMORY,
     sandbox: Sandbox | None = None,
     prices: PriceTable | None = None,
+    metrics: bool = True,
+    metrics_public: bool = False,
     install_signal_handlers: bool = False,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -487,6 +516,9 @@ async def run_role_server(
     `ConfigError` before binding when the role lists `run_command` and the
     sandbox cannot be had here; an operator's opt-out is logged as a warning
     and shown in the card's description.
+
+    `metrics`: serve Prometheus metrics at `/metrics` (behind the callers'
+    auth unless `metrics_public`).
     """
     # A script in the model allow-list is refused before the port is taken.
     offered_models(role, model_names)
@@ -527,6 +559,8 @@ async def run_role_server(
         usage=UsageLog(usage_path(db, role.name, workdir)) if access is not None else None,
         max_body=max_body,
         body_timeout=body_timeout,
+        metrics=_metrics() if metrics else None,
+        metrics_public=metrics_public,
     )
     async with run_server(
         app, sock, url, executor, install_signal_handlers=install_signal_handlers
