@@ -3,6 +3,7 @@ a scripted delegation, then what each server's /metrics says."""
 
 from __future__ import annotations
 
+import signal
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from a2a.types import TaskState
 from conftest import a2a_client, role_server
 from prometheus_client.parser import text_string_to_metric_families
+from test_cli import serve_process
 from test_server import collect, user_message
 
 from a2a_orchestrator.events import Done, Failed
@@ -56,7 +58,9 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str):
+def value(
+    found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
     """The sum of `name`'s samples whose labels include `labels`."""
     wanted = set(labels.items())
     return sum(v for (n, ls), v in found.items() if n == name and wanted <= ls)
@@ -180,3 +184,23 @@ async def test_metrics_sit_behind_the_api_auth_unless_made_public(tmp_path: Path
     assert still_guarded.status_code == 401
     # Off: no such endpoint (Starlette redirects the unknown path, never 200).
     assert absent.status_code != 200 and "a2a_" not in absent.text
+
+
+def test_serve_flags_and_variables_choose_the_metrics(tmp_path: Path) -> None:
+    offline = {"A2A_MODEL_BASE_URL": "", "OPENAI_BASE_URL": "", "A2A_AUTH_TOKEN": "cli-token"}
+    with serve_process(tmp_path, "architect", "--metrics-public", env=offline) as (p, url, banner):
+        public = httpx.get(f"{url}/metrics", timeout=10)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=20)
+    assert f"metrics: {url}/metrics (public)" in banner
+    assert public.status_code == 200 and "a2a_tasks_total" in public.text
+    with serve_process(tmp_path, "architect", env=offline) as (p, url, banner):
+        guarded = httpx.get(f"{url}/metrics", timeout=10)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=20)
+    assert "(behind the same auth)" in banner and guarded.status_code == 401
+    off = {**offline, "A2A_METRICS": "off"}
+    with serve_process(tmp_path, "architect", env=off) as (p, url, banner):
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=20)
+    assert "  metrics: off" in banner
