@@ -3,6 +3,8 @@ a scripted delegation, then what each server's /metrics says."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -204,3 +206,16 @@ def test_serve_flags_and_variables_choose_the_metrics(tmp_path: Path) -> None:
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=20)
     assert "  metrics: off" in banner
+
+
+def test_the_grafana_dashboard_uses_the_metrics_we_serve() -> None:
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "deploy/grafana-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {
+        re.sub(r"_(bucket|count|sum)$", "", name)
+        for expr in exprs
+        for name in re.findall(r"\ba2a_[a-z_]+", expr)
+    }
+    assert used == set(METRIC_NAMES)
