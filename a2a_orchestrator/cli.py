@@ -279,6 +279,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _sandbox_options(serve)
     _access_options(serve)
+    serve.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="serve /metrics without auth, for a scraper on a trusted network "
+        "(also A2A_METRICS_PUBLIC=on; the A2A endpoints and /api still ask)",
+    )
+    serve.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="serve no Prometheus /metrics (also A2A_METRICS=off)",
+    )
 
     token = commands.add_parser(
         "token",

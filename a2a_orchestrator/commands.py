@@ -413,6 +413,7 @@ async def _serve(args: argparse.Namespace) -> int:
         raise OrchestratorError(f"port {port} is not in 0..65535")
     access = access_of(args)
     sandbox = sandbox_of(args)
+    metrics = metrics_of(args)
     common = dict(
         host=args.host,
         port=port,
@@ -424,6 +425,7 @@ async def _serve(args: argparse.Namespace) -> int:
         ),
         install_signal_handlers=True,
         grpc_port=_grpc_port(args),
+        **metrics,
     )
     if args.role == "orchestrator":
         from .orchestrator import run_orchestrator_server
@@ -482,12 +484,36 @@ async def _serve(args: argparse.Namespace) -> int:
         for line in extra:
             say(line)
         say(f"  work directory: {workdir}; task store: {db}")
+        say(f"  metrics: {_describe_metrics(server.url, access is not None, **metrics)}")
         say(f"  auth: {access.describe() if access is not None else 'off'}")
         if commands:
             say(f"  commands: {sandbox.describe()}")
         await server.stopped.wait()
     say(f"{name}: stopped")
     return 0
+
+
+def metrics_of(args: argparse.Namespace) -> dict[str, bool]:
+    """`serve`'s metrics: --no-metrics / --metrics-public, else A2A_METRICS /
+    A2A_METRICS_PUBLIC (on or off); on and behind auth by default."""
+
+    def switch(name: str) -> bool | None:
+        raw = os.environ.get(name, "").strip().lower()
+        if raw in ("", "on", "off", "1", "0", "true", "false"):
+            return None if not raw else raw in ("on", "1", "true")
+        raise OrchestratorError(f"{name}={raw!r}: use on or off")
+
+    return {
+        "metrics": not args.no_metrics and switch("A2A_METRICS") is not False,
+        "metrics_public": args.metrics_public or bool(switch("A2A_METRICS_PUBLIC")),
+    }
+
+
+def _describe_metrics(url: str, auth: bool, *, metrics: bool, metrics_public: bool) -> str:
+    if not metrics:
+        return "off"
+    guard = "public" if metrics_public or not auth else "behind the same auth"
+    return f"{url}/metrics ({guard})"
 
 
 # -- callers (README: Identity and access) ------------------------------------------

@@ -86,7 +86,15 @@ class PathOutsideWorkdirError(ToolError):
 
 
 class ModelError(OrchestratorError):
-    """The model endpoint failed, was unreachable, or is misconfigured."""
+    """The model endpoint failed, was unreachable, or is misconfigured.
+
+    `kind` names the failure in a word, for counting (metrics): `timeout`,
+    `unreachable`, `refused` (credentials), `http_<status>`, `malformed`,
+    `cut_short`, `diverged`, `closed`, or `error` when nothing finer is known."""
+
+    def __init__(self, message: str = "", *, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class StoreError(OrchestratorError):

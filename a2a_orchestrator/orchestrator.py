@@ -27,7 +27,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from a2a.helpers import get_message_text, new_data_part, new_text_part
@@ -76,6 +76,9 @@ from .ui_auth import BrowserLogin
 from .usage import UsageLog, usage_path
 from .view import describe_event
 from .wire import EVENT_KEY, event_to_wire, metadata_of, publish
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 __all__ = ["MODE_KEY", "OrchestratorExecutor", "build_orchestrator_card", "run_orchestrator_server"]
 
@@ -511,6 +514,8 @@ async def run_orchestrator_server(
     sandbox: Sandbox | None = None,
     policy: SpawnPolicy | None = None,
     card_options: CardOptions | None = None,
+    metrics: bool = True,
+    metrics_public: bool = False,
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
 ) -> AsyncIterator[RunningServer]:
@@ -525,6 +530,9 @@ async def run_orchestrator_server(
     and the HTTP API alike. `card_options`: the protocol versions its card
     lists and its signing key (default: both, unsigned). `grpc_port` (0: any
     free one): A2A over gRPC too, listed first in the card (`grpc_serving.py`).
+
+    `metrics`: serve Prometheus metrics at `/metrics` (behind the callers'
+    auth unless `metrics_public`), with the sessions' running children.
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -565,6 +573,8 @@ async def run_orchestrator_server(
             *api_routes(store, lambda: executor.planes),
             *ui_routes(store, lambda: executor.sessions),
         ],
+        metrics=_server_metrics(executor) if metrics else None,
+        metrics_public=metrics_public,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py).
@@ -576,3 +586,10 @@ async def run_orchestrator_server(
             yield server
     finally:
         store.close()
+
+
+def _server_metrics(executor: OrchestratorExecutor) -> Metrics:
+    # Imported here: prometheus-client is loaded only by a server that counts.
+    from .metrics import Metrics, running_children
+
+    return Metrics(children=lambda: running_children(executor.sessions.values()))

@@ -71,6 +71,7 @@ from .events import (
     ToolCalled,
     ToolResult,
 )
+from .instruments import observed_emit, observed_stream
 from .journal import CallJournal
 from .models.base import ChatMessage, Model, TextDelta, ToolCall, ToolSpec, Usage
 from .tools.base import CallScope, Tool, current_call
@@ -295,6 +296,7 @@ class Conversation:
         )
         started_at = self._turn_started = anyio.current_time()
         self._paused_time = 0.0
+        emit = observed_emit(emit, self.role, self.model.name)  # a server's metrics
         try:
             # Input queued while no turn ran (an injection, a child's result)
             # is this turn's from its first model call, ahead of the turn's own
@@ -429,7 +431,8 @@ class Conversation:
             unsent: list[str] = []
             last_sent = anyio.current_time()
             call_usage = Usage()
-            async for item in self.model.stream(self.messages, self._specs):
+            stream = self.model.stream(self.messages, self._specs)
+            async for item in observed_stream(stream, self.role, self.model.name):
                 if isinstance(item, TextDelta):
                     if item.text:
                         parts.append(item.text)

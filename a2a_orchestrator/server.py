@@ -87,6 +87,9 @@ from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY, write
 if TYPE_CHECKING:
     from .grpc_serving import GrpcServing
 
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
 __all__ = [
     "REST_PREFIX",
     "RunningServer",
@@ -324,6 +327,8 @@ def build_app(
     max_body: int = DEFAULT_MAX_BODY,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     extra_routes: Sequence[BaseRoute] = (),
+    metrics: Metrics | None = None,
+    metrics_public: bool = False,
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
     `access` and `usage` (and closes them).
@@ -333,6 +338,10 @@ def build_app(
     its limits, its usage recorded in `usage`. `extra_routes` (the
     orchestrator's HTTP control API) sit behind the same auth and body
     limits as the A2A endpoints.
+
+    `metrics` (None: none) are served at `/metrics`, behind the same auth
+    unless `metrics_public`, and fed from this app's task saves and the
+    conversations its requests run (`metrics.py`).
     """
     if access is None and token:
         access = Access(token=token)
@@ -342,6 +351,8 @@ def build_app(
         else None
     )
     observed = ObservedTaskStore(task_store, quotas.observe) if quotas else task_store
+    if metrics is not None:
+        observed = ObservedTaskStore(observed, metrics.task_saved)
     if isinstance(executor, RoleExecutor):
         # The executor reads a context's earlier tasks through the same store,
         # and hears of each save (a new task's turn waits for its first one).
@@ -386,8 +397,13 @@ def build_app(
 
     # The builder hands the handler the request's refusal cell (quotas).
     builder = QuotaContextBuilder()
+    public = {AGENT_CARD_WELL_KNOWN_PATH}
+    metrics_routes = [metrics.route()] if metrics is not None else []
+    if metrics_public:
+        public.update(route.path for route in metrics_routes)
     routes = [
         *create_agent_card_routes(card, cache_control="public, max-age=60"),
+        *metrics_routes,
         *extra_routes,
         *create_jsonrpc_routes(
             handler, rpc_url="/", enable_v0_3_compat=True, context_builder=builder
@@ -403,13 +419,17 @@ def build_app(
             BodyLimitMiddleware,
             max_bytes=max_body,
             timeout=body_timeout,
-            bodyless_paths={AGENT_CARD_WELL_KNOWN_PATH},
+            bodyless_paths=public,
         )
     ]
+    if metrics is not None:
+        from .instruments import InstrumentsMiddleware
+
+        middleware.append(Middleware(InstrumentsMiddleware, instruments=metrics))
     if quotas is not None:
         middleware.append(Middleware(RefusalMiddleware))
     if access is not None:
-        backend = CallerBackend(access, public_paths={AGENT_CARD_WELL_KNOWN_PATH})
+        backend = CallerBackend(access, public_paths=public)
         # Outermost (first): a request without a good credential is refused
         # on its headers, before the body middleware reads a byte.
         middleware.insert(
@@ -419,6 +439,13 @@ def build_app(
     app.state.executor = executor
     app.state.handler = handler
     return app
+
+
+def _metrics(**kwargs: Any) -> Metrics:
+    # Imported here: prometheus-client is loaded only by a server that counts.
+    from .metrics import Metrics
+
+    return Metrics(**kwargs)
 
 
 def _no_limits(owner: str) -> Limits:
@@ -521,6 +548,8 @@ async def run_role_server(
     sandbox: Sandbox | None = None,
     prices: PriceTable | None = None,
     card_options: CardOptions | None = None,
+    metrics: bool = True,
+    metrics_public: bool = False,
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
 ) -> AsyncIterator[RunningServer]:
@@ -544,6 +573,9 @@ async def run_role_server(
     sandbox cannot be had here; an operator's opt-out is logged as a warning
     and shown in the card's description. `card_options`: the protocol
     versions the card lists and its signing key (default: both, unsigned).
+
+    `metrics`: serve Prometheus metrics at `/metrics` (behind the callers'
+    auth unless `metrics_public`).
     """
     # A script in the model allow-list is refused before the port is taken.
     offered_models(role, model_names)
@@ -589,6 +621,8 @@ async def run_role_server(
         usage=UsageLog(usage_path(db, role.name, workdir)) if access is not None else None,
         max_body=max_body,
         body_timeout=body_timeout,
+        metrics=_metrics() if metrics else None,
+        metrics_public=metrics_public,
     )
     async with run_server(
         app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc

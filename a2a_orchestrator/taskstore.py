@@ -419,7 +419,7 @@ class ObservedTaskStore(TaskStore):
 async def context_owners(store: object, context_id: str) -> set[str]:
     """The owners of the tasks in `context_id` (any owner's), for the stores
     that can tell (ours, a2a-sdk's SQL store); other stores tell nothing."""
-    while isinstance(store, ObservedTaskStore):
+    while isinstance(store, ObservedTaskStore):  # quotas and metrics each wrap it
         store = store.inner
     if isinstance(store, SQLiteTaskStore):
         return await store.context_owners(context_id)

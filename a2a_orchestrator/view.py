@@ -5,10 +5,12 @@
     ├─ coder      d4e5f6  remote  running    tool_called run_command
     └─ reviewer   ……      pending
 
-On a terminal the tree is redrawn in place as events arrive; elsewhere (a
-pipe, CI, a log file) each event is printed as one line instead, so nothing
-is lost and nothing is garbled. Tokens are counted per finished turn; a
-child with children of its own also shows its subtree's (`Σ 900 tok`).
+On a terminal the tree is redrawn in place as events arrive (rich's `Live`
+around a `Tree`, a child nested under the child that spawned it), while
+`follow_while` runs; elsewhere (a pipe, CI, a log file) each event is
+printed as one line instead, so nothing is lost and nothing is garbled, and
+rich is not even imported. Tokens are counted per finished turn; a child
+with children of its own also shows its subtree's (`Σ 900 tok`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -36,6 +38,10 @@ from .events import (
 if TYPE_CHECKING:
     # Only in annotations: the CLI shows stored events without loading the session.
     from .session import RelayedEvent
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.tree import Tree
 
 __all__ = ["LiveTree", "describe_event"]
 
@@ -84,14 +90,23 @@ class LiveTree:
     """Renders relayed child events as a tree (see the module docstring)."""
 
     def __init__(
-        self, title: str, *, out: TextIO | None = None, expected: list[str] | None = None
+        self,
+        title: str,
+        *,
+        out: TextIO | None = None,
+        expected: list[str] | None = None,
+        console: Console | None = None,
     ) -> None:
+        """Writes to `out` (default stdout), or to `console` when given (a
+        rich console; tests pass one that acts as a terminal)."""
         self.title = title
         self.out = out or sys.stdout
-        self.live = self.out.isatty()
+        self._console = console
+        self.live = console.is_terminal if console is not None else self.out.isatty()
         self._rows: dict[str, _Row] = {}
         self._order: list[str] = []
-        self._drawn = 0
+        self._display: Any = None
+        """The rich `Live` while `follow_while` runs on a terminal."""
         for label in expected or []:
             self._add(f"pending:{label}", _Row(label=label))
 
@@ -135,7 +150,8 @@ class LiveTree:
             row.tokens += event.spent.tokens
         row.last = describe_event(event)
         if self.live:
-            self.draw()
+            if self._display is not None:
+                self._display.update(self.tree(), refresh=True)
         else:
             self.out.write(f"[{row.label} {row.child_id[:6]} {row.transport}] {row.last}{note}\n")
             self.out.flush()
@@ -179,6 +195,13 @@ class LiveTree:
         on the children's final states.
         """
         failure: Exception | None = None
+        if self.live:
+            from rich.live import Live
+
+            # Refreshed on each event (no refresh thread); what is printed to
+            # stdout meanwhile appears above the tree. Left on screen at the end.
+            self._display = Live(self.tree(), console=self._rich(), auto_refresh=False)
+            self._display.start(refresh=True)
         async with anyio.create_task_group() as tg:
 
             async def show() -> None:
@@ -199,16 +222,66 @@ class LiveTree:
                         self.update(relay.receive_nowait())
                     except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                         break
+                if self._display is not None:
+                    self._display.stop()
+                    self._display = None
         if failure is not None:
             raise failure
         return result
 
     def draw(self) -> None:
-        """Redraw in place (terminals) or print the whole tree once (elsewhere)."""
-        lines = self.lines()
-        if self.live and self._drawn:
-            self.out.write(f"\x1b[{self._drawn}F")
-        for line in lines:
-            self.out.write(("\x1b[2K" if self.live else "") + line + "\n")
-        self._drawn = len(lines)
+        """Print the whole tree once (after a run, or where there is no live view)."""
+        if self.live:
+            self._rich().print(self.tree())
+            return
+        for line in self.lines():
+            self.out.write(line + "\n")
         self.out.flush()
+
+    def tree(self) -> Tree:
+        """The rows as a rich `Tree`: each child under the one that spawned
+        it, when this view has seen that one."""
+        from rich.text import Text
+        from rich.tree import Tree
+
+        root = Tree(Text(self.title, style="bold"))
+        nodes: dict[str, Tree] = {}
+        width = max((len(self._rows[k].label) for k in self._order), default=0)
+        for key in self._order:
+            row = self._rows[key]
+            parent = nodes.get(row.parent_id, root) if row.parent_id else root
+            nodes[row.child_id or key] = parent.add(self._row_text(row, width))
+        return root
+
+    def _row_text(self, row: _Row, width: int) -> Any:
+        from rich.text import Text
+
+        style = _STATUS_STYLES.get(row.status.partition(":")[0], "")
+        ident = row.child_id[:6] if row.child_id else "······"
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f"{row.label:<{width}}  ", style="bold")
+        text.append(f"{ident}  {row.transport or '-':<6}  ", style="dim")
+        text.append(f"{row.status:<14}", style=style)
+        text.append(f" {row.last}")
+        if row.tokens:
+            text.append(f"  {row.tokens} tok", style="dim")
+        below = self.subtree_tokens(row.child_id) if row.child_id else 0
+        if below != row.tokens:
+            text.append(f" (Σ {below} tok)", style="dim")
+        return text
+
+    def _rich(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.out)
+        return self._console
+
+
+_STATUS_STYLES = {
+    "pending": "dim",
+    "running": "yellow",
+    "waiting": "cyan",
+    "completed": "green",
+    "failed": "bold red",
+}

@@ -190,7 +190,10 @@ class OpenAIModel:
     ) -> AsyncGenerator[ModelItem, None]:
         """Stream one assistant turn; see the class docstring for the contract."""
         if self._client.is_closed():
-            raise ModelError(f"model client for {self._base_url} (model {self._model!r}) is closed")
+            raise ModelError(
+                f"model client for {self._base_url} (model {self._model!r}) is closed",
+                kind="closed",
+            )
         # Some local servers reject an empty `tools` list, so send it only if any.
         tool_params: Any = [_tool_param(tool) for tool in tools] if tools else openai.omit
         # ChatMessage is already the wire shape the client's TypedDicts describe.
@@ -224,7 +227,9 @@ class OpenAIModel:
                     tried = (
                         f"gave up after {attempt + 1} attempts" if attempt else "retries are off"
                     )
-                    raise ModelError(f"{failure.error} ({tried})") from failure.__cause__
+                    raise ModelError(
+                        f"{failure.error} ({tried})", kind=failure.error.kind
+                    ) from failure.__cause__
                 delay = _backoff(attempt, failure.retry_after)
                 logger.warning(
                     "%s; retry %d of %d in %.1f s", failure.error, attempt + 1, self._retries, delay
@@ -291,7 +296,8 @@ class OpenAIModel:
                     ModelError(
                         f"model endpoint {self._base_url} ended its stream without a finish "
                         f"reason (model {self._model!r}), after {received} characters of text: "
-                        "the answer was cut short"
+                        "the answer was cut short",
+                        kind="cut_short",
                     )
                 )
         finally:
@@ -312,7 +318,8 @@ class OpenAIModel:
         return ModelError(
             f"model endpoint {self._base_url} broke off its stream (model {self._model!r}) "
             f"after {shown} characters had been handed on, and the retry answered "
-            "differently; the call fails rather than repeat or contradict text already shown"
+            "differently; the call fails rather than repeat or contradict text already shown",
+            kind="diverged",
         )
 
     def _translate(
@@ -327,7 +334,8 @@ class OpenAIModel:
             return _Retryable(
                 ModelError(
                     f"model endpoint {url} timed out {model}{where}: {limit} "
-                    "(A2A_MODEL_TIMEOUT or the role's model_timeout sets it)"
+                    "(A2A_MODEL_TIMEOUT or the role's model_timeout sets it)",
+                    kind="timeout",
                 )
             )
         if isinstance(exc, openai.APIConnectionError):
@@ -335,23 +343,29 @@ class OpenAIModel:
             cause = exc.__cause__
             detail = f"{exc} {type(cause).__name__}: {cause}" if cause else str(exc)
             return _Retryable(
-                ModelError(f"model endpoint {url} unreachable {model}{where}: {detail}")
+                ModelError(
+                    f"model endpoint {url} unreachable {model}{where}: {detail}", kind="unreachable"
+                )
             )
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             return ModelError(
                 f"model endpoint {url} refused the credentials {model}, HTTP {exc.status_code}"
-                f" (check A2A_MODEL_API_KEY / OPENAI_API_KEY): {exc.message}"
+                f" (check A2A_MODEL_API_KEY / OPENAI_API_KEY): {exc.message}",
+                kind="refused",
             )
         if isinstance(exc, openai.APIStatusError):
             error = ModelError(
-                f"model endpoint {url} answered HTTP {exc.status_code} {model}: {exc.message}"
+                f"model endpoint {url} answered HTTP {exc.status_code} {model}: {exc.message}",
+                kind=f"http_{exc.status_code}",
             )
             if exc.status_code in _RETRY_STATUSES or exc.status_code >= 500:
                 return _Retryable(error, _retry_after(exc.response.headers.get("retry-after")))
             return error
         if isinstance(exc, openai.OpenAIError):
             return ModelError(f"model endpoint {url} failed {model}: {exc}")
-        return ModelError(f"model endpoint {url} sent a malformed stream {model}: {exc}")
+        return ModelError(
+            f"model endpoint {url} sent a malformed stream {model}: {exc}", kind="malformed"
+        )
 
 
 def _http_timeout(seconds: float) -> openai.Timeout:

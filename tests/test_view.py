@@ -1,0 +1,106 @@
+"""The live tree: rich's Live + Tree on a terminal, one line per event elsewhere."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import anyio
+import anyio.lowlevel
+import pytest
+from rich.console import Console
+
+from a2a_orchestrator.events import ChildEvent, Done, Failed, Started, ToolCalled, ToolResult
+from a2a_orchestrator.models.base import Usage
+from a2a_orchestrator.session import RelayedEvent
+from a2a_orchestrator.view import LiveTree
+
+pytestmark = pytest.mark.anyio
+
+
+def relayed(child_id: str, role: str, event: ChildEvent, parent_id: str = "") -> RelayedEvent:
+    return RelayedEvent(
+        child_id=child_id,
+        parent_id=parent_id,
+        agent=role,
+        role=role,
+        transport="remote",
+        event=event,
+    )
+
+
+RUN = [
+    relayed("arch01aa", "architect", Started(role="architect", model="scripted")),
+    relayed("arch01aa", "architect", Done(text="## Approach", usage=Usage(input_tokens=40))),
+    relayed("code01bb", "coder", Started(role="coder")),
+    relayed("code01bb", "coder", ToolCalled(call_id="c1", tool="write_file", arguments={})),
+    relayed("help01cc", "helper", Started(role="helper"), parent_id="code01bb"),
+    relayed("help01cc", "helper", Done(text="helped", usage=Usage(output_tokens=5)), "code01bb"),
+    relayed(
+        "code01bb", "coder", ToolResult(call_id="c1", tool="write_file", output="", success=True)
+    ),
+    relayed("code01bb", "coder", Failed(reason="error", message="tests fail")),
+]
+
+
+async def play(tree: LiveTree) -> None:
+    send, receive = anyio.create_memory_object_stream[RelayedEvent](len(RUN))
+
+    async def work() -> str:
+        for item in RUN:
+            await send.send(item)
+            await anyio.lowlevel.checkpoint()  # the view draws between events, as in a run
+        return "finished"
+
+    with anyio.fail_after(10):
+        async with send, receive:
+            assert await tree.follow_while(receive, work()) == "finished"
+
+
+async def test_on_a_terminal_the_tree_is_drawn_live_with_roles_and_statuses() -> None:
+    screen = StringIO()
+    console = Console(file=screen, force_terminal=True, width=120, color_system="standard")
+    tree = LiveTree("pipeline  session 3f2a", console=console, expected=["architect", "coder"])
+    assert tree.live
+    await play(tree)
+    output = screen.getvalue()
+    # Redrawn in place: cursor movements, and several frames.
+    assert "\x1b[" in output and output.count("pipeline  session 3f2a") > 1
+    final = Console(file=StringIO(), width=120)
+    with final.capture() as captured:
+        final.print(tree.tree())
+    frame = captured.get()
+    lines = frame.splitlines()
+    assert lines[0] == "pipeline  session 3f2a"
+    architect = next(line for line in lines if "architect" in line)
+    coder = next(line for line in lines if "coder" in line)
+    helper = next(line for line in lines if "helper" in line)
+    assert "arch01" in architect and "completed" in architect and "40 tok" in architect
+    assert "failed:error" in coder and "tests fail" in coder and "(Σ 5 tok)" in coder
+    assert "completed" in helper and 'done "helped"' in helper
+    # The helper is drawn under the coder that spawned it, one level deeper.
+    assert lines.index(helper) > lines.index(coder)
+    assert helper.index("helper") > coder.index("coder")
+    # The last frame on the terminal is the final state.
+    assert "failed:error" in output.rsplit("pipeline  session 3f2a", 1)[1]
+
+
+async def test_elsewhere_each_event_is_one_line_and_the_tree_is_printed_once() -> None:
+    out = StringIO()
+    tree = LiveTree("resume  session 3f2a", out=out)
+    assert not tree.live
+    await play(tree)
+    tree.draw()
+    lines = out.getvalue().splitlines()
+    assert lines[: len(RUN)] == [
+        "[architect arch01 remote] started (scripted)",
+        '[architect arch01 remote] done "## Approach"',
+        "[coder code01 remote] started",
+        "[coder code01 remote] calls write_file",
+        "[helper help01 remote] started",
+        '[helper help01 remote] done "helped"',
+        "[coder code01 remote] write_file ok",
+        "[coder code01 remote] failed (error) tests fail",
+    ]
+    assert lines[len(RUN)] == "resume  session 3f2a"
+    assert lines[len(RUN) + 1 :] == tree.lines()[1:]
+    assert "\x1b" not in out.getvalue()
