@@ -14,6 +14,7 @@ from conftest import a2a_client, role_server
 from starlette.authentication import SimpleUser
 
 from a2a_orchestrator.taskstore import SQLiteTaskStore
+from a2a_orchestrator.wire import EVENT_KEY
 
 pytestmark = pytest.mark.anyio
 
@@ -114,7 +115,7 @@ def frame(base: Task, text: str, kind: str = "message") -> Task:
     if updated.status.HasField("message"):
         updated.history.append(updated.status.message)
     message = new_text_message(text, role=Role.ROLE_AGENT)
-    message.metadata.update({"a2a_orchestrator.event": kind})
+    message.metadata.update({EVENT_KEY: kind})
     updated.status.message.CopyFrom(message)
     return updated
 
@@ -224,9 +225,9 @@ async def test_a_role_server_writes_a_turn_at_its_tool_results_and_its_end(
     assert stored is not None and stored.status.state == TaskState.TASK_STATE_COMPLETED
     assert stored.artifacts[0].parts[0].text == "all done"
     kinds = [
-        m.metadata.fields["a2a_orchestrator.event"].string_value
+        m.metadata.fields[EVENT_KEY].string_value
         for m in [*stored.history, stored.status.message]
-        if "a2a_orchestrator.event" in m.metadata.fields
+        if EVENT_KEY in m.metadata.fields
     ]
     # Every event the client heard is in the stored task.
     assert kinds == [e.kind for e in events]
