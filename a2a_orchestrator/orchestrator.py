@@ -56,6 +56,7 @@ from .network import Network
 from .parent import ParentAgent
 from .pipeline import Brief, Pipeline, PipelineError, TaskSpec
 from .policy import SpawnPolicy
+from .push import PushPolicy
 from .reactions import Reaction, Reactions
 from .server import (
     RunningServer,
@@ -72,6 +73,7 @@ from .store import Store
 from .tools import Sandbox
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .transports.local import check_sandbox
+from .transports.push_receiver import PUSH_PREFIX, PushReceiver
 from .ui import ui_routes
 from .ui_auth import BrowserLogin
 from .usage import UsageLog, usage_path
@@ -267,8 +269,10 @@ class OrchestratorExecutor(AgentExecutor):
         lost_after: float = 30.0,
         sandbox: Sandbox | None = None,
         policy: SpawnPolicy | None = None,
+        push: PushReceiver | None = None,
     ) -> None:
-        """`policy`: the spawn policy of every session's children."""
+        """`policy`: the spawn policy of every session's children; `push`:
+        where children of agents in push mode receive their updates."""
         self.store = store
         self.reactions = list(reactions)
         self.network = network
@@ -288,6 +292,7 @@ class OrchestratorExecutor(AgentExecutor):
                 lost_after=lost_after,
                 sandbox=sandbox,
                 policy=policy,
+                push=push,
             ),
         )
 
@@ -518,6 +523,7 @@ async def run_orchestrator_server(
     card_options: CardOptions | None = None,
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
+    push_policy: PushPolicy | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
 
@@ -530,6 +536,9 @@ async def run_orchestrator_server(
     and the HTTP API alike. `card_options`: the protocol versions its card
     lists and its signing key (default: both, unsigned). `grpc_port` (0: any
     free one): A2A over gRPC too, listed first in the card (`grpc_serving.py`).
+    `push_policy`: the webhook URLs its callers may register (`push.py`);
+    its own webhook endpoint for agents in push mode is served at
+    /a2a/push/ (`transports/push_receiver.py`).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -544,6 +553,7 @@ async def run_orchestrator_server(
         access = Access(token=token)
     grpc = bind_grpc(host, grpc_port, url, access, sock)
     store = Store(store_path)
+    receiver = PushReceiver(store, url)
     executor = OrchestratorExecutor(
         store,
         workdir=workdir,
@@ -553,6 +563,7 @@ async def run_orchestrator_server(
         reactions=reactions,
         sandbox=sandbox,
         policy=policy,
+        push=receiver,
     )
     card_options = card_options or CardOptions()
     card = build_orchestrator_card(
@@ -569,7 +580,11 @@ async def run_orchestrator_server(
         extra_routes=[
             *api_routes(store, lambda: executor.planes),
             *ui_routes(store, lambda: executor.sessions),
+            *receiver.routes(),
         ],
+        # Agents post there with the child's own token, not a caller's.
+        public_prefixes=[PUSH_PREFIX],
+        push_policy=push_policy,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py).
