@@ -24,7 +24,8 @@ so `send_notification` only queues; each (task, webhook) has its queue,
 sent in order by a worker in the task group `running()` owns. A delivery is
 tried `attempts` times with exponential backoff; a 4xx other than 408/429
 is final. A webhook that fails a delivery for good has the deliveries queued
-behind it dropped too (logged): the receiver fills gaps with GetTask. No
+behind it for the same URL dropped too (logged): the receiver fills gaps
+with GetTask. No
 failure reaches the task.
 """
 
@@ -217,17 +218,24 @@ class WebhookSender(PushNotificationSender):
     async def _work(self, key: tuple[str, str], queue: deque[_Delivery]) -> None:
         try:
             while queue:
-                if not await self._deliver(queue[0], key[0]):
-                    if len(queue) > 1:
-                        logger.warning(
-                            "push: %d queued event(s) of task %s to %s dropped",
-                            len(queue) - 1,
-                            key[0],
-                            queue[0].config.url,
-                        )
-                    queue.clear()
-                    break
+                failed = queue[0]
+                delivered = await self._deliver(failed, key[0])
                 queue.popleft()
+                if delivered:
+                    continue
+                # The webhook is down or refuses: what waits for the same URL
+                # would fare no better. A config registered again meanwhile
+                # (a receiver back at a new address) keeps its deliveries.
+                kept = [d for d in queue if d.config.url != failed.config.url]
+                if len(kept) < len(queue):
+                    logger.warning(
+                        "push: %d queued event(s) of task %s to %s dropped",
+                        len(queue) - len(kept),
+                        key[0],
+                        failed.config.url,
+                    )
+                    queue.clear()
+                    queue.extend(kept)
         finally:
             # No await between the queue found empty and this: an event
             # queued meanwhile would have been taken by the loop.
