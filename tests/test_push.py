@@ -31,9 +31,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from test_server import user_message
 
+from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.events import Done
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.network import AgentSpec, Network, load_agent_file
 from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
 from a2a_orchestrator.push import PushPolicy
 from a2a_orchestrator.roles import find_role
@@ -446,3 +447,12 @@ async def test_kill_9_the_orchestrator_then_recovery_completes_the_push_child_on
     assert len(uuids) == len(set(uuids))
     assert kinds.count("started") == 1 and kinds.count("done") == 1
     assert kinds[-1] == "done"
+
+
+def test_an_agent_file_puts_its_agent_in_push_mode(tmp_path: Path) -> None:
+    path = tmp_path / "coder.toml"
+    path.write_text('role = "coder"\nurl = "https://coder.example"\npush = true\n')
+    assert load_agent_file(path, environ={}).push is True
+    path.write_text('role = "coder"\nurl = "https://coder.example"\npush = "yes"\n')
+    with pytest.raises(ConfigError, match=r"'push'.*true or false"):
+        load_agent_file(path, environ={})
