@@ -277,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the signature's key id (default: $A2A_CARD_KEY_ID, else the key's "
         "RFC 7638 thumbprint)",
     )
+    serve.add_argument(
+        "--push-allow",
+        default=None,
+        metavar="CIDR,...",
+        help="networks a caller's push notification webhook may be in besides public "
+        "addresses, e.g. 10.0.0.0/8 (default: $A2A_PUSH_ALLOW; unset: public addresses only)",
+    )
     _sandbox_options(serve)
     _access_options(serve)
     serve.add_argument(

@@ -400,6 +400,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from .cards import CardOptions
     from .models import describe_model, is_scripted, resolve_model
     from .network import Network
+    from .push import PushPolicy
     from .roles import find_role
     from .server import run_role_server
     from .session import keep_out_of_git
@@ -426,6 +427,7 @@ async def _serve(args: argparse.Namespace) -> int:
         install_signal_handlers=True,
         grpc_port=_grpc_port(args),
         **metrics,
+        push_policy=PushPolicy.from_settings(args.push_allow),
     )
     if args.role == "orchestrator":
         from .orchestrator import run_orchestrator_server

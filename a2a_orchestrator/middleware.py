@@ -99,12 +99,20 @@ class CallerBackend(AuthenticationBackend):
     nothing a client sends reaches past `Access.authenticate`'s errors.
     """
 
-    def __init__(self, access: Access, public_paths: Collection[str]) -> None:
+    def __init__(
+        self, access: Access, public_paths: Collection[str], public_prefixes: Collection[str] = ()
+    ) -> None:
+        """`public_paths` and paths under `public_prefixes` need no bearer
+        token (their routes check what they need)."""
         self._access = access
         self._public = frozenset(public_paths)
+        self._public_prefixes = tuple(p.rstrip("/") + "/" for p in public_prefixes)
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
-        if conn.url.path in self._public:
+        path = conn.url.path
+        if path in self._public or (
+            self._public_prefixes and path.startswith(self._public_prefixes)
+        ):
             return None
         scheme, _, credential = conn.headers.get("authorization", "").partition(" ")
         credential = credential.strip()

@@ -27,6 +27,12 @@ public key or a JWKS; a path, relative to the agent file, or an https URL):
 
 With `card_key` alone a signed card must verify and an unsigned one passes.
 
+An agent given long tasks can answer by push notifications instead of a
+stream held open for the whole task (needs `serve orchestrator`, whose
+webhook endpoint receives them; elsewhere the child streams):
+
+    push = true
+
 Containers re-point agents without editing files: `A2A_AGENT_<NAME>_URL`
 (the name upper-cased, `-` as `_`) replaces `url`, and an empty value or
 `local` makes the agent in-process; `A2A_AGENT_<NAME>_TOKEN_ENV` replaces
@@ -77,6 +83,7 @@ _FIELDS = frozenset(
         "port",
         "card_key",
         "require_signature",
+        "push",
         *_OAUTH_FIELDS,
     }
 )
@@ -119,6 +126,9 @@ class AgentSpec:
     JWKS, as a file path or an https URL (`cards.verify_card`)."""
     require_signature: bool = False
     """Refuse its card when it carries no signature (needs `card_key`)."""
+    push: bool = False
+    """Delegate in push mode: the agent posts the task's updates to the
+    orchestrator's webhook endpoint (`transports/push_receiver.py`)."""
 
     def __post_init__(self) -> None:
         if self.require_signature and self.card_key is None:
@@ -273,6 +283,9 @@ def load_agent_file(
     require_signature = data.get("require_signature", False)
     if not isinstance(require_signature, bool):
         raise _file_error(where, "require_signature", "must be true or false")
+    push = data.get("push", False)
+    if not isinstance(push, bool):
+        raise _file_error(where, "push", "must be true or false")
 
     url, token_env = _apply_overrides(name, where, url, token_env, environ)
     try:
@@ -286,6 +299,7 @@ def load_agent_file(
             source=path,
             card_key=card_key,
             require_signature=require_signature,
+            push=push,
             **oauth,
         )
     except ConfigError as exc:

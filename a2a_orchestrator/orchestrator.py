@@ -55,6 +55,7 @@ from .network import Network
 from .parent import ParentAgent
 from .pipeline import Brief, Pipeline, PipelineError, TaskSpec
 from .policy import SpawnPolicy
+from .push import PushPolicy
 from .reactions import Reaction, Reactions
 from .server import (
     RunningServer,
@@ -71,6 +72,7 @@ from .store import Store
 from .tools import Sandbox
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .transports.local import check_sandbox
+from .transports.push_receiver import PUSH_PREFIX, PushReceiver
 from .ui import ui_routes
 from .ui_auth import BrowserLogin
 from .usage import UsageLog, usage_path
@@ -269,8 +271,10 @@ class OrchestratorExecutor(AgentExecutor):
         lost_after: float = 30.0,
         sandbox: Sandbox | None = None,
         policy: SpawnPolicy | None = None,
+        push: PushReceiver | None = None,
     ) -> None:
-        """`policy`: the spawn policy of every session's children."""
+        """`policy`: the spawn policy of every session's children; `push`:
+        where children of agents in push mode receive their updates."""
         self.store = store
         self.reactions = list(reactions)
         self.network = network
@@ -290,6 +294,7 @@ class OrchestratorExecutor(AgentExecutor):
                 lost_after=lost_after,
                 sandbox=sandbox,
                 policy=policy,
+                push=push,
             ),
         )
 
@@ -518,6 +523,7 @@ async def run_orchestrator_server(
     metrics_public: bool = False,
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
+    push_policy: PushPolicy | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
 
@@ -533,6 +539,10 @@ async def run_orchestrator_server(
 
     `metrics`: serve Prometheus metrics at `/metrics` (behind the callers'
     auth unless `metrics_public`), with the sessions' running children.
+
+    `push_policy`: the webhook URLs its callers may register (`push.py`);
+    its own webhook endpoint for agents in push mode is served at
+    /a2a/push/ (`transports/push_receiver.py`).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -547,6 +557,7 @@ async def run_orchestrator_server(
         access = Access(token=token)
     grpc = bind_grpc(host, grpc_port, url, access, sock)
     store = Store(store_path)
+    receiver = PushReceiver(store, url)
     executor = OrchestratorExecutor(
         store,
         workdir=workdir,
@@ -556,6 +567,7 @@ async def run_orchestrator_server(
         reactions=reactions,
         sandbox=sandbox,
         policy=policy,
+        push=receiver,
     )
     card_options = card_options or CardOptions()
     card = build_orchestrator_card(
@@ -572,9 +584,13 @@ async def run_orchestrator_server(
         extra_routes=[
             *api_routes(store, lambda: executor.planes),
             *ui_routes(store, lambda: executor.sessions),
+            *receiver.routes(),
         ],
         metrics=_server_metrics(executor) if metrics else None,
         metrics_public=metrics_public,
+        # Agents post there with the child's own token, not a caller's.
+        public_prefixes=[PUSH_PREFIX],
+        push_policy=push_policy,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py).

@@ -75,6 +75,7 @@ from .middleware import (
 )
 from .models.base import Model
 from .overrides import offered_models
+from .push import PushPolicy, PushService
 from .quotas import QuotaContextBuilder, Quotas, RefusalMiddleware
 from .roles import Role
 from .serving import bind_socket, serve
@@ -127,8 +128,9 @@ def agent_card(
     legacy: bool = True,
 ) -> AgentCard:
     """A card for one of our A2A servers at `url`: JSON-RPC and HTTP+JSON on
-    protocol 1.0, on 0.3 too unless `legacy` is off, streaming, and the
-    security schemes `access` accepts (`auth` alone: the bearer scheme).
+    protocol 1.0, on 0.3 too unless `legacy` is off, streaming, push
+    notifications (`push.py`), and the security schemes `access` accepts
+    (`auth` alone: the bearer scheme).
 
     Without the 0.3 interfaces a2a-sdk serves the card without the v0.3
     top-level fields (`url`, `protocolVersion`, ...): a pure v1.0 card
@@ -152,7 +154,7 @@ def agent_card(
         version=VERSION,
         supported_interfaces=interfaces,
         capabilities=AgentCapabilities(
-            streaming=True, push_notifications=False, extensions=list(extensions)
+            streaming=True, push_notifications=True, extensions=list(extensions)
         ),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain", "application/json"],
@@ -329,6 +331,8 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     metrics: Metrics | None = None,
     metrics_public: bool = False,
+    public_prefixes: Sequence[str] = (),
+    push_policy: PushPolicy | None = None,
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
     `access` and `usage` (and closes them).
@@ -337,7 +341,10 @@ def build_app(
     neither: anyone); each caller sees only its own tasks, and is held to
     its limits, its usage recorded in `usage`. `extra_routes` (the
     orchestrator's HTTP control API) sit behind the same auth and body
-    limits as the A2A endpoints.
+    limits as the A2A endpoints, except paths under `public_prefixes`
+    (routes that check a credential of their own, the orchestrator's
+    webhooks). `push_policy`: which webhook URLs callers may register for
+    push notifications (default: public addresses only; `push.py`).
 
     `metrics` (None: none) are served at `/metrics`, behind the same auth
     unless `metrics_public`, and fed from this app's task saves and the
@@ -362,15 +369,24 @@ def build_app(
             # A caller's budget never lifts its limits here: each turn is
             # capped by what its tokens_per_day leaves.
             executor.tokens_left = quotas.tokens_left
+    push = PushService(task_store, push_policy)
     handler = RoleRequestHandler(
         agent_executor=executor,
         task_store=observed,
         agent_card=card,
         quotas=quotas,
+        **push.handler_args(),
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Deliveries outlive the handler: the last events of the tasks it
+        # drains on the way out still reach their webhooks.
+        async with push.running(), serving(app):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def serving(app: Starlette) -> AsyncIterator[None]:
         if isinstance(task_store, DatabaseTaskStore):
             await task_store.initialize()
         try:
@@ -429,7 +445,7 @@ def build_app(
     if quotas is not None:
         middleware.append(Middleware(RefusalMiddleware))
     if access is not None:
-        backend = CallerBackend(access, public_paths=public)
+        backend = CallerBackend(access, public_paths=public, public_prefixes=public_prefixes)
         # Outermost (first): a request without a good credential is refused
         # on its headers, before the body middleware reads a byte.
         middleware.insert(
@@ -552,6 +568,7 @@ async def run_role_server(
     metrics_public: bool = False,
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
+    push_policy: PushPolicy | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
 
@@ -576,6 +593,8 @@ async def run_role_server(
 
     `metrics`: serve Prometheus metrics at `/metrics` (behind the callers'
     auth unless `metrics_public`).
+
+    `push_policy`: the webhook URLs callers may register (`push.py`).
     """
     # A script in the model allow-list is refused before the port is taken.
     offered_models(role, model_names)
@@ -623,6 +642,7 @@ async def run_role_server(
         body_timeout=body_timeout,
         metrics=_metrics() if metrics else None,
         metrics_public=metrics_public,
+        push_policy=push_policy,
     )
     async with run_server(
         app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc

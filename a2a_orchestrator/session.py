@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -82,6 +82,9 @@ from .transports import LocalDelegate, RemoteDelegate
 from .transports.local import check_sandbox
 from .watchers import Watchers
 
+if TYPE_CHECKING:
+    from .transports.push_receiver import PushReceiver
+
 __all__ = ["RelayedEvent", "Session", "keep_out_of_git"]
 
 logger = logging.getLogger(__name__)
@@ -113,8 +116,10 @@ class Session:
         sandbox: Sandbox | None = None,
         policy: SpawnPolicy | Policy | None = None,
         prices: PriceTable | None = None,
+        push: PushReceiver | None = None,
     ) -> None:
-        """`lost_after` and `idle_probe` configure the session's own
+        """`lost_after`, `idle_probe` and `push` (the webhook endpoint of
+        agents in push mode, `transports/push_receiver.py`) configure the session's own
         `RemoteDelegate` (see there); a given `remote` keeps its own.
         `delegates`: transports by the agent transport they serve (`local`:
         agents without a URL, `remote`: agents with one), in place of the
@@ -156,6 +161,7 @@ class Session:
         self._delegates.update(delegates or {})
         self._lost_after = lost_after
         self._idle_probe = idle_probe
+        self._push = push
         self._children: dict[str, ChildHandle] = {}
         self._watchers = Watchers()
         self._settle_listeners: list[Callable[[ChildHandle], None]] = []
@@ -188,7 +194,11 @@ class Session:
         await self.store.create_session(self.id, title=self.title)
         if "remote" not in self._delegates:
             self._remote = await self._stack.enter_async_context(
-                _closing(RemoteDelegate(lost_after=self._lost_after, idle_probe=self._idle_probe))
+                _closing(
+                    RemoteDelegate(
+                        lost_after=self._lost_after, idle_probe=self._idle_probe, push=self._push
+                    )
+                )
             )
             self._delegates["remote"] = self._remote
         await self._runner.register()
@@ -447,6 +457,7 @@ class Session:
             role=record.role,
             url=record.url or None,
             token_env=known.token_env if known is not None else None,
+            push=known.push if known is not None else False,
         )
 
     async def _reopen(self, record: ChildRecord, *, resume: bool) -> ChildHandle:

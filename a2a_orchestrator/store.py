@@ -27,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import time
 import uuid as uuidlib
@@ -246,6 +247,16 @@ def m006_turn_usage(db: sqlite_utils.Database) -> None:
     )
 
 
+@MIGRATIONS()
+def m007_push_tokens(db: sqlite_utils.Database) -> None:
+    # The secret a role server sends back with each push notification of a
+    # remote child in push mode (transports/push_receiver.py), kept so an
+    # orchestrator restarted mid-task still knows its deliveries.
+    db.table("push_tokens").create(
+        {"child_id": str, "token": str, "created_at": float}, pk="child_id"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChildRecord:
     """One row of the children table."""
@@ -429,6 +440,28 @@ class Store:
                 raise NotFoundError(child_id)
 
         await self._write(update)
+
+    async def push_token(self, child_id: str, *, create: bool = True) -> str | None:
+        """The webhook token of a child in push mode: made (random) and stored
+        on first use unless `create` is off (then None when there is none)."""
+        fresh = secrets.token_urlsafe(32)
+
+        def make(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR IGNORE INTO push_tokens (child_id, token, created_at) VALUES (?, ?, ?)",
+                [child_id, fresh, time.time()],
+            )
+
+        if create:
+            await self._write(make)
+
+        def read() -> str | None:
+            row = self._db.execute(
+                "SELECT token FROM push_tokens WHERE child_id = ?", [child_id]
+            ).fetchone()
+            return str(row[0]) if row else None
+
+        return await self._run(read)
 
     async def get_child(self, child_id: str) -> ChildRecord | None:
         def get() -> ChildRecord | None:

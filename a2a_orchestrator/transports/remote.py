@@ -59,7 +59,7 @@ import logging
 import time
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
@@ -123,6 +123,9 @@ from ..wire import (
 from .credentials import credential_service
 from .grpc_channels import GrpcChannels, grpc_error, is_grpc_error
 from .tolerant import tolerate_naive_timestamps
+
+if TYPE_CHECKING:
+    from .push_receiver import PushReceiver
 
 __all__ = ["RemoteDelegate", "RemoteRun", "translate_error"]
 
@@ -413,7 +416,7 @@ class RemoteRun:
         try:
             with _translated(self.url):
                 request = SendMessageRequest(message=message)
-                return await self._relay(self.client.send_message(request), emit)
+                return await self._relay(self._stream(request), emit)
         except (AgentUnavailableError, DelegationTimeoutError) as exc:
             logger.info("stream from %s broke (%s); re-attaching", self.url, exc)
             if await self._unreachable(exc, emit):
@@ -425,6 +428,19 @@ class RemoteRun:
                 raise
             logger.info("stream from %s broke (%s); re-attaching", self.url, exc)
             return False
+
+    def _stream(self, request: SendMessageRequest) -> AsyncIterator[StreamResponse]:
+        """The frames answering a turn's message (push mode: `push_receiver.py`)."""
+        return self.client.send_message(request)
+
+    def _can_follow(self) -> bool:
+        """The running task's frames can be followed (`_follow`); else it is
+        polled with GetTask."""
+        return bool(self.card.capabilities.streaming)
+
+    def _follow(self) -> AsyncIterator[StreamResponse]:
+        """The frames of the running task after it was read (re-attaching)."""
+        return self.client.subscribe(SubscribeToTaskRequest(id=self.task_id))
 
     async def _turn_running(self) -> None:
         """A frame of the running turn came: the server has taken the turn's
@@ -582,9 +598,8 @@ class RemoteRun:
                         await emit(event)
                     if self.decoder.finished_turn or self._ended:
                         return
-                    if self.card.capabilities.streaming:
-                        request = SubscribeToTaskRequest(id=self.task_id)
-                        if await self._relay(self.client.subscribe(request), emit) or self._ended:
+                    if self._can_follow():
+                        if await self._relay(self._follow(), emit) or self._ended:
                             return
                     else:
                         # An agent that cannot stream is asked again after
@@ -809,7 +824,9 @@ class RemoteDelegate:
     comes first when it can). `lost_after`: seconds an agent may stay
     unreachable before its child fails `lost`. `default_timeout`: a turn's
     timeout when neither the child nor the role (as this orchestrator finds
-    it) says. Owns an httpx client unless given one; close it with `aclose()`.
+    it) says. `push`: the orchestrator's webhook endpoint, for agents in
+    push mode (`push_receiver.py`). Owns an httpx client unless given one;
+    close it with `aclose()`.
     """
 
     def __init__(
@@ -823,8 +840,12 @@ class RemoteDelegate:
         idle_probe: float = 15.0,
         deadline_grace: float = 15.0,
         default_timeout: float = 60.0,
+        push: PushReceiver | None = None,
     ) -> None:
         self._own_http = http is None
+        self.push = push
+        """Where children of agents in push mode receive their updates
+        (None: they stream)."""
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, read=stream_timeout),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
@@ -951,7 +972,8 @@ class RemoteDelegate:
             )
         if resume is None:
             card = await self.card(spec)
-            return RemoteRun(
+            return self._new_run(
+                child_id,
                 self,
                 spec,
                 self.streaming_client(spec, card),
@@ -964,7 +986,8 @@ class RemoteDelegate:
                 fresh=True,
             )
         known = await self.card(spec) if resume.running else None
-        return RemoteRun(
+        return self._new_run(
+            child_id,
             self,
             spec,
             self.streaming_client(spec, known) if known is not None else None,
@@ -978,6 +1001,18 @@ class RemoteDelegate:
             turn_started=resume.turn_started,
             finished=resume.finished,
         )
+
+    def _new_run(self, child_id: str, *args: Any, **kwargs: Any) -> RemoteRun:
+        spec: AgentSpec = args[1]
+        if spec.push and self.push is not None:
+            return self.push.run(*args, child_id=child_id, **kwargs)
+        if spec.push:
+            logger.info(
+                "agent %s is in push mode, but no webhook endpoint serves here "
+                "(serve orchestrator has one): its child streams",
+                spec.name,
+            )
+        return RemoteRun(*args, **kwargs)
 
     async def aclose(self) -> None:
         await self.grpc.aclose()

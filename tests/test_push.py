@@ -1,0 +1,458 @@
+"""Push notifications: role servers deliver task updates by webhook, and the
+orchestrator delegates in push mode. Real servers on 127.0.0.1 throughout;
+only the models are scripted."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from a2a.types import (
+    ListTaskPushNotificationConfigsRequest,
+    SendMessageRequest,
+    StreamResponse,
+    TaskPushNotificationConfig,
+    TaskState,
+)
+from conftest import a2a_client
+from google.protobuf.json_format import ParseDict
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from test_server import user_message
+
+from a2a_orchestrator.errors import ConfigError
+from a2a_orchestrator.events import Done
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.network import AgentSpec, Network, load_agent_file
+from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.push import PushPolicy
+from a2a_orchestrator.roles import find_role
+from a2a_orchestrator.server import RunningServer, run_role_server
+from a2a_orchestrator.serving import bind_socket, serve
+from a2a_orchestrator.session import Session
+from a2a_orchestrator.store import Store
+from a2a_orchestrator.transports.push_receiver import PushReceiver
+from a2a_orchestrator.wire import StreamDecoder
+
+pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).parent
+LOOPBACK = PushPolicy.parse("127.0.0.0/8")
+
+
+def coder_script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write a file, then answer (whatever the task)."""
+    steps = sum(1 for m in messages if m["role"] == "assistant")
+    if steps == 0:
+        call = {"name": "write_file", "arguments": {"path": "out.txt", "content": "x"}}
+        return {"delay": 0.3, "tool_calls": [call]}
+    return {"text": "wrote out.txt"}
+
+
+@asynccontextmanager
+async def coder_server(
+    workdir: Path, db: Path, *, push_policy: PushPolicy | None = LOOPBACK, script: Any = None
+) -> AsyncIterator[RunningServer]:
+    async with run_role_server(
+        find_role("coder"),
+        ScriptedModel(script or coder_script),
+        workdir,
+        db=str(db),
+        push_policy=push_policy,
+    ) as server:
+        yield server
+
+
+@dataclass
+class Hook:
+    """A webhook receiver: what was posted to it, with its headers."""
+
+    url: str = ""
+    posts: list[tuple[dict[str, str], StreamResponse]] = field(default_factory=list)
+    arrived: anyio.Event = field(default_factory=anyio.Event)
+
+    async def endpoint(self, request: Request) -> Response:
+        frame = ParseDict(await request.json(), StreamResponse(), ignore_unknown_fields=True)
+        self.posts.append((dict(request.headers), frame))
+        self.arrived.set()
+        self.arrived = anyio.Event()
+        return Response(status_code=204)
+
+    async def wait_for(self, state: TaskState) -> None:
+        while not any(_state(frame) == state for _, frame in self.posts):
+            await self.arrived.wait()
+
+
+def _state(frame: StreamResponse) -> int:
+    if frame.HasField("task"):
+        return frame.task.status.state
+    if frame.HasField("status_update"):
+        return frame.status_update.status.state
+    return TaskState.TASK_STATE_UNSPECIFIED
+
+
+@asynccontextmanager
+async def webhook() -> AsyncIterator[Hook]:
+    hook = Hook()
+    sock = bind_socket("127.0.0.1", 0)
+    app = Starlette(routes=[Route("/hook", hook.endpoint, methods=["POST"])])
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve, app, sock)
+        hook.url = f"http://127.0.0.1:{port}/hook"
+        yield hook
+        tg.cancel_scope.cancel()
+
+
+def with_push(request: SendMessageRequest, url: str, token: str) -> SendMessageRequest:
+    config = TaskPushNotificationConfig(url=url, token=token)
+    request.configuration.task_push_notification_config.CopyFrom(config)
+    request.configuration.return_immediately = True
+    return request
+
+
+async def test_a_role_server_posts_each_update_to_the_webhook_with_its_token(
+    tmp_path: Path,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            webhook() as hook,
+            coder_server(tmp_path, tmp_path / "role.db") as server,
+            a2a_client(server.url, streaming=False) as client,
+        ):
+            async with httpx.AsyncClient() as http:
+                card = await http.get(server.url + "/.well-known/agent-card.json")
+            request = with_push(user_message("write out.txt"), hook.url, "secret-1")
+            answer = [r async for r in client.send_message(request)]
+            await hook.wait_for(TaskState.TASK_STATE_COMPLETED)
+    assert card.json()["capabilities"]["pushNotifications"] is True
+    # Answered at once; the rest came by webhook, each post with the token.
+    assert answer[0].task.status.state != TaskState.TASK_STATE_COMPLETED
+    assert {headers["x-a2a-notification-token"] for headers, _ in hook.posts} == {"secret-1"}
+    task_ids = {getattr(f, str(f.WhichOneof("payload"))).task_id for _, f in hook.posts[1:]}
+    assert hook.posts[0][1].task.id == answer[0].task.id and task_ids == {answer[0].task.id}
+    decoder = StreamDecoder()
+    events = [e for _, frame in hook.posts for e in decoder.decode(frame)]
+    assert [e.kind for e in events if e.kind != "message_delta"] == [
+        "started",
+        "tool_called",
+        "tool_result",
+        "message",
+        "done",
+    ]
+    assert isinstance(events[-1], Done) and events[-1].text == "wrote out.txt"
+    assert (tmp_path / "out.txt").read_text() == "x"
+
+
+async def rpc(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    async with httpx.AsyncClient() as http:
+        response = await http.post(url, json=body, headers={"A2A-Version": "1.0"})
+    return dict(response.json())
+
+
+INTERNAL = [
+    "http://127.0.0.1:9/hook",
+    "http://localhost:9/hook",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://10.1.2.3/hook",
+    "http://[::1]:9/hook",
+    "http://[::ffff:192.168.0.1]/hook",
+    "file:///etc/passwd",
+    "ftp://example.com/hook",
+]
+
+
+async def test_a_webhook_at_an_internal_address_is_refused_unless_allowed(
+    tmp_path: Path,
+) -> None:
+    with anyio.fail_after(30):
+        async with coder_server(tmp_path, tmp_path / "role.db", push_policy=None) as server:
+            async with a2a_client(server.url) as client:
+                answer = [r async for r in client.send_message(user_message("go"))]
+                task_id = answer[0].task.id
+            created = [
+                await rpc(
+                    server.url,
+                    "CreateTaskPushNotificationConfig",
+                    {"taskId": task_id, "url": url, "token": "t"},
+                )
+                for url in INTERNAL
+            ]
+            message = {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "go"}]}
+            config = {"url": "http://169.254.169.254/", "token": "t"}
+            sent = await rpc(
+                server.url,
+                "SendMessage",
+                {"message": message, "configuration": {"taskPushNotificationConfig": config}},
+            )
+            async with httpx.AsyncClient() as http:
+                rest = await http.post(
+                    f"{server.url}/rest/tasks/{task_id}/pushNotificationConfigs",
+                    json={"url": "http://127.0.0.1:9/hook", "token": "t"},
+                    headers={"A2A-Version": "1.0"},
+                )
+            listed = await rpc(server.url, "ListTaskPushNotificationConfigs", {"taskId": task_id})
+    assert [c.get("error", {}).get("code") for c in created] == [-32602] * len(INTERNAL)
+    assert sent["error"]["code"] == -32602
+    assert rest.status_code == 400
+    assert listed["result"].get("configs", []) == []
+    # What the operator allows passes; a public address passes by itself.
+    allowed = PushPolicy.parse("10.0.0.0/8, 127.0.0.0/8")
+    assert await allowed.validate("http://10.1.2.3/hook")
+    assert await allowed.validate("http://127.0.0.1:9/hook")
+    assert not await allowed.validate("http://169.254.169.254/")
+    assert await PushPolicy().validate("http://8.8.8.8/hook")
+
+
+async def test_webhook_configs_survive_a_role_server_restart(tmp_path: Path) -> None:
+    db = tmp_path / "role.db"
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if not any(m["role"] == "tool" for m in messages):
+            question = {"name": "ask_parent", "arguments": {"question": "Which file?"}}
+            return {"tool_calls": [question]}
+        return {"text": "done at last"}
+
+    with anyio.fail_after(40):
+        async with webhook() as hook:
+            async with coder_server(tmp_path, db, script=script) as server:
+                async with a2a_client(server.url) as client:
+                    responses = [r async for r in client.send_message(user_message("go"))]
+                    task_id = responses[-1].status_update.task_id
+                    await client.create_task_push_notification_config(
+                        TaskPushNotificationConfig(
+                            task_id=task_id, id="mine", url=hook.url, token="kept"
+                        )
+                    )
+            async with coder_server(tmp_path, db, script=script) as server:
+                async with a2a_client(server.url, streaming=False) as client:
+                    listed = await client.list_task_push_notification_configs(
+                        ListTaskPushNotificationConfigsRequest(task_id=task_id)
+                    )
+                    follow_up = user_message("out.txt", task_id=task_id)
+                    follow_up.configuration.return_immediately = True
+                    [r async for r in client.send_message(follow_up)]
+                    await hook.wait_for(TaskState.TASK_STATE_COMPLETED)
+    assert [(c.id, c.url, c.token) for c in listed.configs] == [("mine", hook.url, "kept")]
+    decoder = StreamDecoder()
+    events = [e for _, frame in hook.posts for e in decoder.decode(frame)]
+    assert isinstance(events[-1], Done) and events[-1].text == "done at last"
+    assert {headers["x-a2a-notification-token"] for headers, _ in hook.posts} == {"kept"}
+
+
+def parent_script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    steps = sum(1 for m in messages if m["role"] == "assistant")
+    if steps == 0:
+        agents = [
+            {"role": "streamer", "prompt": "write out.txt"},
+            {"role": "pusher", "prompt": "write out.txt"},
+        ]
+        return {"tool_calls": [{"name": "agent", "arguments": {"agents": agents}}]}
+    finals = sum(m["content"].count("FINAL_ANSWER") for m in messages if m["role"] == "user")
+    if finals < 2:
+        return {"tool_calls": [{"name": "agent_manage", "arguments": {}}]}
+    return {"text": "both answered\nTASK_DONE"}
+
+
+def reader_script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Read a file, then answer (the same for every child)."""
+    steps = sum(1 for m in messages if m["role"] == "assistant")
+    if steps == 0:
+        call = {"name": "read_file", "arguments": {"path": "seed.txt"}}
+        return {"delay": 0.3, "tool_calls": [call]}
+    return {"text": "seed read"}
+
+
+def _shape(payload: dict[str, Any]) -> dict[str, Any]:
+    """An event as a comparison sees it: without what differs per run."""
+    drop = {"uuid", "call_id", "id", "created_at"}
+    shaped = {k: v for k, v in payload.items() if k not in drop}
+    for key in ("spent", "usage"):
+        if isinstance(shaped.get(key), dict):
+            shaped[key] = {k: v for k, v in shaped[key].items() if k != "seconds"}
+    return shaped
+
+
+async def test_the_orchestrator_delegates_in_push_mode_with_the_events_of_a_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCH_TOKEN", "caller-token")
+    store_path = tmp_path / "orchestrator.db"
+    parent = ScriptedModel(parent_script)
+    with anyio.fail_after(50):
+        async with AsyncExitStack() as stack:
+            (tmp_path / "seed.txt").write_text("seed")
+            role = await stack.enter_async_context(
+                coder_server(tmp_path, tmp_path / "role.db", script=reader_script)
+            )
+            network = Network.of(
+                AgentSpec(name="streamer", role="coder", url=role.url),
+                AgentSpec(name="pusher", role="coder", url=role.url, push=True),
+            )
+            orchestrator = await stack.enter_async_context(
+                run_orchestrator_server(
+                    store_path=store_path,
+                    workdir=tmp_path,
+                    network=network,
+                    models=lambda name: parent,
+                    db=str(tmp_path / "orchestrator-tasks.db"),
+                    # The webhook needs no caller token: it checks the child's own.
+                    token="caller-token",
+                )
+            )
+            async with a2a_client(orchestrator.url, token="caller-token") as client:
+                request = user_message("delegate")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                responses = [r async for r in client.send_message(request)]
+            session_id = responses[-1].status_update.context_id
+            async with httpx.AsyncClient() as http:
+                forged = await http.post(f"{orchestrator.url}/a2a/push/nobody", json={}, headers={})
+            store = Store(store_path)
+            children = {c.agent: c for c in await store.list_children(session_id=session_id)}
+            events = {
+                agent: await store.events(session_id, child_id=child.child_id)
+                for agent, child in children.items()
+            }
+            store.close()
+            async with a2a_client(role.url) as client:
+                webhooks = {
+                    agent: await client.list_task_push_notification_configs(
+                        ListTaskPushNotificationConfigsRequest(task_id=child.a2a_task_id)
+                    )
+                    for agent, child in children.items()
+                }
+    # The pusher's updates were pushed to the orchestrator's endpoint.
+    assert [c.url for c in webhooks["pusher"].configs] == [
+        f"{orchestrator.url}/a2a/push/{children['pusher'].child_id}"
+    ]
+    assert list(webhooks["streamer"].configs) == []
+    assert responses[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert {a: c.status for a, c in children.items()} == {
+        "streamer": "completed",
+        "pusher": "completed",
+    }
+    streamed = [(e.kind, _shape(e.payload)) for e in events["streamer"]]
+    pushed = [(e.kind, _shape(e.payload)) for e in events["pusher"]]
+    assert pushed == streamed
+    assert [k for k, _ in pushed if k not in ("input", "message_delta", "message")] == [
+        "started",
+        "tool_called",
+        "tool_result",
+        "done",
+    ]
+    assert forged.status_code == 401
+
+
+REMOTE_SCRIPT = [
+    {
+        "delay": 2.0,
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "remote.txt", "content": "remote"}}
+        ],
+    },
+    {"delay": 1.0, "text": "remote done"},
+]
+
+
+@asynccontextmanager
+async def receiver_served(store: Store) -> AsyncIterator[PushReceiver]:
+    sock = bind_socket("127.0.0.1", 0)
+    receiver = PushReceiver(store, f"http://127.0.0.1:{sock.getsockname()[1]}")
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve, Starlette(routes=receiver.routes()), sock)
+        yield receiver
+        tg.cancel_scope.cancel()
+
+
+async def test_kill_9_the_orchestrator_then_recovery_completes_the_push_child_once(
+    tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    store_path = tmp_path / "orchestrator.db"
+    with anyio.fail_after(50):
+        async with coder_server(workdir, tmp_path / "role.db", script=REMOTE_SCRIPT) as server:
+            parent = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE / "crash_push.py"),
+                    str(store_path),
+                    "s1",
+                    str(workdir),
+                    server.url,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                assert parent.stdout is not None
+                line = await anyio.to_thread.run_sync(parent.stdout.readline)
+                assert line.strip() == "READY", line + (
+                    parent.stderr.read() if parent.stderr else ""
+                )
+                store = Store(store_path)
+                while not await store.events("s1", child_id="p1", kinds=["started"]):
+                    await anyio.sleep(0.05)
+                before = await store.get_child("p1")
+                parent.send_signal(signal.SIGKILL)
+                await anyio.to_thread.run_sync(parent.wait)
+            finally:
+                if parent.poll() is None:
+                    parent.kill()
+            assert before is not None and before.status == "running" and before.a2a_task_id
+            # Back on another port: recovery registers the new webhook URL.
+            async with (
+                receiver_served(store) as receiver,
+                Session(
+                    store,
+                    workdir=workdir,
+                    network=Network.of(
+                        AgentSpec(name="pusher", role="coder", url=server.url, push=True)
+                    ),
+                    session_id="s1",
+                    push=receiver,
+                ) as session,
+            ):
+                recovered = await session.recover()
+                assert [h.child_id for h in recovered] == ["p1"]
+                result = await recovered[0].result()
+                accepted = receiver.accepted
+                async with a2a_client(server.url) as client:
+                    configs = await client.list_task_push_notification_configs(
+                        ListTaskPushNotificationConfigsRequest(task_id=before.a2a_task_id)
+                    )
+            after = await store.get_child("p1")
+            events = await store.events("s1", child_id="p1")
+            store.close()
+    assert isinstance(result, Done) and result.text == "remote done"
+    assert after is not None and after.status == "completed"
+    assert (workdir / "remote.txt").read_text() == "remote"
+    # Updates after the restart came by push, to the new address.
+    assert accepted > 0
+    assert [c.url for c in configs.configs] == [receiver.url_for("p1")]
+    kinds = [e.kind for e in events]
+    uuids = [e.uuid for e in events]
+    assert len(uuids) == len(set(uuids))
+    assert kinds.count("started") == 1 and kinds.count("done") == 1
+    assert kinds[-1] == "done"
+
+
+def test_an_agent_file_puts_its_agent_in_push_mode(tmp_path: Path) -> None:
+    path = tmp_path / "coder.toml"
+    path.write_text('role = "coder"\nurl = "https://coder.example"\npush = true\n')
+    assert load_agent_file(path, environ={}).push is True
+    path.write_text('role = "coder"\nurl = "https://coder.example"\npush = "yes"\n')
+    with pytest.raises(ConfigError, match=r"'push'.*true or false"):
+        load_agent_file(path, environ={})
