@@ -7,9 +7,10 @@ leases (`session_leases`), which say which replica runs each session
 (`leases.py`).
 
 Contract (what differs from the SQLite store, and why):
-- One psycopg 3 connection per store, used from worker threads under a lock
-  (`PgConnection`, as `SQLiteFile` does for a file): the event loop never
-  blocks on the network. A psycopg error is raised as `StoreError`.
+- One asyncpg connection per store (the driver a2a-sdk's PostgreSQL task
+  store uses; no second driver), one call at a time (`PgConnection`), so
+  statements and transactions never interleave. It is opened, and the
+  migrations applied, at the first call. A database error is a `StoreError`.
 - Writes on a child's critical path go through a group-commit writer
   (`_PgGroupWriter`): writes arriving while a commit is in flight are
   committed together; each returns once its transaction is committed, so
@@ -26,10 +27,9 @@ Contract (what differs from the SQLite store, and why):
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -41,11 +41,11 @@ from .errors import ConfigError, StoreError
 from .journal import JournalRow, ToolJournal
 from .store import _SPEND_COLUMNS, TURN_END_KINDS, ChildRecord, RunnerRecord, Store, StoredEvent
 
-__all__ = ["MIGRATIONS", "Lease", "PgConnection", "PgStore"]
+__all__ = ["MIGRATIONS", "Lease", "PgConnection", "PgStore", "Tx"]
 
 T = TypeVar("T")
 
-_NOW = "extract(epoch from clock_timestamp())"
+_NOW = "extract(epoch from clock_timestamp())::float8"
 # Any fixed number: the advisory lock that serialises migrations across replicas.
 _MIGRATION_LOCK = 0x0A2A0051
 
@@ -120,8 +120,8 @@ MIGRATIONS: list[tuple[str, str]] = [
 """(name, SQL) in order; each applied once per database (`a2a_migrations`)."""
 
 
-def _conninfo(url: str) -> str:
-    """libpq's form of a URL: `postgresql+psycopg://` (SQLAlchemy style) is accepted."""
+def _dsn(url: str) -> str:
+    """libpq's form of a URL: `postgresql+asyncpg://` (SQLAlchemy style) is accepted."""
     parts = urlsplit(url)
     return urlunsplit(("postgresql", *parts[1:]))
 
@@ -135,89 +135,105 @@ def _shown(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, *parts[2:]))
 
 
-class PgConnection:
-    """One psycopg connection used from worker threads, one call at a time.
+def _numbered(sql: str) -> str:
+    """`%s` placeholders as asyncpg's `$1, $2, ...`."""
+    parts = sql.split("%s")
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
 
-    Autocommit: reads see the latest committed state; writes open their own
-    transactions. A broken connection (a database restart) is reopened at
-    the next call.
+
+class Tx:
+    """Statements on the connection, with `%s` placeholders and dict rows."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def fetch(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.conn.fetch(_numbered(sql), *params)]
+
+    async def fetchrow(self, sql: str, params: Iterable[Any] = ()) -> dict[str, Any] | None:
+        row = await self.conn.fetchrow(_numbered(sql), *params)
+        return dict(row) if row is not None else None
+
+    async def execute(self, sql: str, params: Iterable[Any] = ()) -> None:
+        await self.conn.execute(_numbered(sql), *params)
+
+
+class PgConnection:
+    """One asyncpg connection, one call at a time (an anyio lock).
+
+    Opened, and the migrations applied, at the first call. Outside a
+    transaction each statement commits on its own, so reads see the latest
+    committed state. A broken connection (a database restart) is reopened
+    at the next call.
     """
 
     def __init__(self, url: str, what: str) -> None:
         try:
-            import psycopg
+            import asyncpg
         except ImportError as exc:  # the optional extra is missing
             raise ConfigError(
-                f"a PostgreSQL {what} needs psycopg: pip install 'a2a-orchestrator[postgresql]'"
+                f"a PostgreSQL {what} needs asyncpg: pip install 'a2a-orchestrator[postgresql]'"
             ) from exc
-        self._psycopg = psycopg
+        self._asyncpg = asyncpg
         self.url = url
         self.path = _shown(url)
         self.what = what
-        self._lock = threading.Lock()
+        self._lock = anyio.Lock()
         self._closed = False
-        self.conn = self._connect()
+        self._conn: Any = None
 
-    def _connect(self) -> Any:
-        from psycopg.rows import dict_row
+    async def _connection(self) -> Any:
+        if self._conn is None or self._conn.is_closed():
+            try:
+                self._conn = await self._asyncpg.connect(_dsn(self.url), timeout=10)
+            except (OSError, self._asyncpg.PostgresError) as exc:
+                raise StoreError(f"cannot open {self.what} {self.path}: {exc}") from exc
+            await self._migrate(Tx(self._conn))
+        return self._conn
 
-        try:
-            return self._psycopg.connect(
-                _conninfo(self.url), autocommit=True, row_factory=dict_row, connect_timeout=10
-            )
-        except self._psycopg.Error as exc:
-            raise ConfigError(f"cannot open {self.what} {self.path}: {exc}") from exc
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        with self._lock:
+    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run `fn` alone on the connection; a database error is a `StoreError`."""
+        async with self._lock:
             if self._closed:
                 raise ConfigError(f"{self.what} {self.path} is closed")
-            if self.conn.closed:
-                self.conn = self._connect()
             try:
-                return fn()
-            except self._psycopg.Error as exc:
+                return await fn(Tx(await self._connection()))
+            except (OSError, self._asyncpg.PostgresError, self._asyncpg.InterfaceError) as exc:
                 raise StoreError(f"{self.what} {self.path}: {exc}") from exc
 
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run `fn` in a worker thread, alone on the connection."""
-        return await anyio.to_thread.run_sync(self._call, fn)
-
-    def run_here(self, fn: Callable[[], T]) -> T:
-        return self._call(fn)
+    def is_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._asyncpg.PostgresError)
 
     def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self.conn.close()
+        # Synchronous, as `Store.close`: the connection is dropped, not drained.
+        if not self._closed:
+            self._closed = True
+            if self._conn is not None and not self._conn.is_closed():
+                self._conn.terminate()
 
-    def migrate(self) -> None:
+    @staticmethod
+    async def _migrate(tx: Tx) -> None:
         """Apply the migrations not applied yet, once across replicas."""
-
-        def apply() -> None:
-            with self.conn.transaction():
-                self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-                self.conn.execute(
-                    "CREATE TABLE IF NOT EXISTS a2a_migrations "
-                    "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-                )
-                done = {r["name"] for r in self.conn.execute("SELECT name FROM a2a_migrations")}
-                for name, sql in MIGRATIONS:
-                    if name not in done:
-                        self.conn.execute(sql)
-                        self.conn.execute(
-                            "INSERT INTO a2a_migrations (name, applied_at) VALUES (%s, %s)",
-                            (name, time.time()),
-                        )
-
-        self.run_here(apply)
+        async with tx.conn.transaction():
+            await tx.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await tx.execute(
+                "CREATE TABLE IF NOT EXISTS a2a_migrations "
+                "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            done = {r["name"] for r in await tx.fetch("SELECT name FROM a2a_migrations")}
+            for name, sql in MIGRATIONS:
+                if name not in done:
+                    await tx.conn.execute(sql)
+                    await tx.execute(
+                        "INSERT INTO a2a_migrations (name, applied_at) VALUES (%s, %s)",
+                        (name, time.time()),
+                    )
 
 
 class _Write:
     __slots__ = ("done", "error", "fn", "result")
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
+    def __init__(self, fn: Callable[[Tx], Awaitable[Any]]) -> None:
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
@@ -235,7 +251,7 @@ class _PgGroupWriter:
         self._committing = False
         self._committed = anyio.Event()
 
-    async def write(self, fn: Callable[[Any], T]) -> T:
+    async def write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         item = _Write(fn)
         self._queue.append(item)
         while not item.done:
@@ -259,7 +275,7 @@ class _PgGroupWriter:
         self._committing = True
         try:
             with anyio.CancelScope(shield=True):
-                await self._connection.run(lambda: self._apply(batch))
+                await self._connection.run(lambda tx: self._apply(tx, batch))
         except Exception as exc:
             for item in batch:
                 item.error = exc
@@ -270,19 +286,17 @@ class _PgGroupWriter:
             committed, self._committed = self._committed, anyio.Event()
             committed.set()
 
-    def _apply(self, batch: list[_Write]) -> None:
-        conn = self._connection.conn
-        psycopg = self._connection._psycopg
-        with conn.transaction():
+    async def _apply(self, tx: Tx, batch: list[_Write]) -> None:
+        async with tx.conn.transaction():
             for item in batch:
                 try:
-                    with conn.transaction():  # a savepoint: a failed write rolls back alone
-                        item.result = item.fn(conn)
+                    # A savepoint: a failed write rolls back alone.
+                    async with tx.conn.transaction():
+                        item.result = await item.fn(tx)
                 except Exception as exc:
-                    if isinstance(exc, psycopg.Error):
-                        error = StoreError(
-                            f"{self._connection.what} {self._connection.path}: {exc}"
-                        )
+                    if self._connection.is_error(exc):
+                        what = f"{self._connection.what} {self._connection.path}"
+                        error = StoreError(f"{what}: {exc}")
                         error.__cause__ = exc
                         item.error = error
                     else:
@@ -299,33 +313,26 @@ class PgToolJournal(ToolJournal):
     def _write(self, sql: str, params: Iterable[Any]) -> Any:
         values = list(params)
         statement = sql.replace("?", "%s")
-
-        def write() -> None:
-            self._pg.conn.execute(statement, values)
-
-        return self._pg.run(write)
+        return self._pg.run(lambda tx: tx.execute(statement, values))
 
     async def _rows(self, where: str, params: list[Any]) -> list[JournalRow]:
         sql = f"SELECT * FROM tool_calls WHERE {where.replace('?', '%s')} ORDER BY started_at"
-
-        def rows() -> list[JournalRow]:
-            return [
-                JournalRow(
-                    marker=row["marker"],
-                    scope=row["scope"],
-                    call_id=row["call_id"],
-                    tool=row["tool"],
-                    arguments=json.loads(row["arguments"]),
-                    runner_pid=row["runner_pid"],
-                    runner_ticks=row["runner_ticks"],
-                    runner_boot=row["runner_boot"],
-                    pgid=row["pgid"],
-                    pgid_ticks=row["pgid_ticks"],
-                )
-                for row in self._pg.conn.execute(sql, params).fetchall()
-            ]
-
-        return await self._pg.run(rows)
+        rows = await self._pg.run(lambda tx: tx.fetch(sql, params))
+        return [
+            JournalRow(
+                marker=row["marker"],
+                scope=row["scope"],
+                call_id=row["call_id"],
+                tool=row["tool"],
+                arguments=json.loads(row["arguments"]),
+                runner_pid=row["runner_pid"],
+                runner_ticks=row["runner_ticks"],
+                runner_boot=row["runner_boot"],
+                pgid=row["pgid"],
+                pgid_ticks=row["pgid_ticks"],
+            )
+            for row in rows
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,27 +377,21 @@ class PgStore(Store):
         self.path = None
         self.url = url
         self._pg = PgConnection(url, "store")
-        self._pg.migrate()
         self._write_pg = _PgGroupWriter(self._pg).write
         self.journal = PgToolJournal(self._pg)
 
     def close(self) -> None:
         self._pg.close()
 
-    def _query(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        """Rows of a read, in a worker thread."""
+    async def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        """Rows of a read."""
         values = list(params)
-        return self._pg.run(lambda: self._pg.conn.execute(sql, values).fetchall())
+        return await self._pg.run(lambda tx: tx.fetch(sql, values))
 
-    def _execute(self, sql: str, params: Iterable[Any] = ()) -> Any:
+    async def _execute(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         """One statement in its own (group-committed) transaction; its rows."""
         values = list(params)
-
-        def run(conn: Any) -> list[dict[str, Any]]:
-            cursor = conn.execute(sql, values)
-            return cursor.fetchall() if cursor.description else []
-
-        return self._write_pg(run)
+        return await self._write_pg(lambda tx: tx.fetch(sql, values))
 
     # -- sessions -------------------------------------------------------------
 
@@ -424,7 +425,7 @@ class PgStore(Store):
         # One UPDATE of one key, as the SQLite store's json_set.
         await self._execute(
             "UPDATE sessions SET metadata = jsonb_set("
-            "coalesce(nullif(metadata, ''), '{}')::jsonb, ARRAY[%s], %s::jsonb)::text "
+            "coalesce(nullif(metadata, ''), '{}')::jsonb, ARRAY[%s::text], %s::jsonb)::text "
             "WHERE id = %s",
             (key, json.dumps(value), session_id),
         )
@@ -538,28 +539,28 @@ class PgStore(Store):
         changes = dict(child_changes or {})
         spend_columns = ", ".join(_SPEND_COLUMNS)
 
-        def insert(conn: Any) -> list[StoredEvent | None]:
+        async def insert(tx: Tx) -> list[StoredEvent | None]:
             stored: list[StoredEvent | None] = []
             if changes and batch and batch[0][1] is not None:
                 assignments = ", ".join(f"{name} = %s" for name in changes)
-                conn.execute(
+                await tx.execute(
                     f"UPDATE children SET {assignments} WHERE child_id = %s",
                     [*changes.values(), batch[0][1]],
                 )
             for session_id, child_id, kind, payload, uuid in batch:
                 event_uuid = uuid or uuidlib.uuid4().hex
                 now = time.time()
-                row = conn.execute(
+                row = await tx.fetchrow(
                     "INSERT INTO events (uuid, session_id, child_id, kind, payload, created_at) "
                     "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (uuid) DO NOTHING RETURNING seq",
                     (event_uuid, session_id, child_id, kind, json.dumps(dict(payload)), now),
-                ).fetchone()
+                )
                 if row is None:
                     stored.append(None)
                     continue
                 if kind in TURN_END_KINDS and child_id is not None:
                     spend = Spend.from_dict(payload.get("spent"))
-                    conn.execute(
+                    await tx.execute(
                         f"INSERT INTO turn_usage (uuid, session_id, child_id, {spend_columns}, "
                         "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
                         "ON CONFLICT (uuid) DO NOTHING",
@@ -641,10 +642,10 @@ class PgStore(Store):
         replica holds a live one; the lease as it stands after (its owner
         says who won)."""
 
-        def claim(conn: Any) -> Lease:
-            conn.execute(
+        async def claim(tx: Tx) -> Lease:
+            await tx.execute(
                 "INSERT INTO session_leases (session_id, owner, url, expires_at, claimed_at) "
-                f"VALUES (%s, %s, %s, {_NOW} + %s, {_NOW}) "
+                f"VALUES (%s, %s, %s, {_NOW} + %s::float8, {_NOW}) "
                 "ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, "
                 "url = EXCLUDED.url, expires_at = EXCLUDED.expires_at, "
                 "claimed_at = EXCLUDED.claimed_at "
@@ -652,9 +653,9 @@ class PgStore(Store):
                 "OR session_leases.expires_at < EXCLUDED.claimed_at",
                 (session_id, owner, url, seconds),
             )
-            return _lease(
-                conn.execute(_LEASE_SELECT + " WHERE session_id = %s", (session_id,)).fetchone()
-            )
+            row = await tx.fetchrow(_LEASE_SELECT + " WHERE session_id = %s", (session_id,))
+            assert row is not None  # inserted or kept just now, in this transaction
+            return _lease(row)
 
         return await self._write_pg(claim)
 
@@ -666,7 +667,7 @@ class PgStore(Store):
         if not wanted:
             return set()
         rows = await self._execute(
-            f"UPDATE session_leases SET expires_at = {_NOW} + %s "
+            f"UPDATE session_leases SET expires_at = {_NOW} + %s::float8 "
             "WHERE owner = %s AND session_id = ANY(%s) RETURNING session_id",
             (seconds, owner, wanted),
         )

@@ -119,13 +119,10 @@ def replica(tmp_path: Path, name: str, store: str, role_url: str) -> Iterator[tu
 async def test_the_store_on_postgresql_migrates_once_and_holds_leases(postgres: Postgres) -> None:
     url = postgres.url(postgres.database())
     # Two replicas starting at once: the advisory lock applies each migration once.
-    opened: list[PgStore] = []
-    threads = [threading.Thread(target=lambda: opened.append(PgStore(url))) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    a, b = opened
+    a, b = PgStore(url), PgStore(url)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(a.list_sessions)
+        tg.start_soon(b.list_sessions)
     try:
         await a.create_session("s1", metadata={"owner": "x"})
         await a.set_session_metadata("s1", "k", [1])
