@@ -60,12 +60,19 @@ def _seconds(text: str) -> float:
     return _positive(text, "must be a positive number of seconds")
 
 
+def _store_location(text: str) -> Path | str:
+    """A `--store` value: a PostgreSQL URL stays a string (`stores.py`), else a path."""
+    scheme = text.split("://", 1)[0].split("+", 1)[0] if "://" in text else ""
+    return text if scheme in ("postgresql", "postgres") else Path(text)
+
+
 def _store_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
-        type=Path,
-        default=DEFAULT_STORE,
-        help=f"the orchestrator's store ({DEFAULT_STORE})",
+        type=_store_location,
+        default=_store_location(os.environ.get("A2A_STORE") or str(DEFAULT_STORE)),
+        help=f"the orchestrator's store: a file, or postgresql://... shared by replicas "
+        f"(default: $A2A_STORE or {DEFAULT_STORE})",
     )
 
 
@@ -255,7 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $A2A_BODY_TIMEOUT or 30)",
     )
     serve.add_argument(
-        "--store", type=Path, default=None, help="orchestrator only: its store (under --workdir)"
+        "--store",
+        type=_store_location,
+        default=_store_location(os.environ["A2A_STORE"]) if os.environ.get("A2A_STORE") else None,
+        help="orchestrator only: its store, a file (default: .a2a/orchestrator.db under "
+        "--workdir) or postgresql://... shared by orchestrator replicas ($A2A_STORE)",
+    )
+    serve.add_argument(
+        "--lease",
+        type=_seconds,
+        default=None,
+        help="orchestrator replicas on PostgreSQL: seconds a session's lease lasts unrenewed, "
+        "so how soon another replica takes over a dead one's sessions "
+        "(default: $A2A_LEASE_SECONDS or 15)",
     )
     serve.add_argument(
         "--protocol",

@@ -127,22 +127,28 @@ def sandbox_of(args: argparse.Namespace) -> Sandbox:
     return sandbox
 
 
-def _existing_store(path: Path) -> Store:
-    if not path.exists():
+def _existing_store(path: Path | str) -> Store:
+    from .stores import open_store
+
+    if isinstance(path, Path) and not path.exists():
         raise OrchestratorError(f"no store at {path} (run a task first, or pass --store)")
-    return Store(path)
+    return open_store(path)
 
 
-def _new_store(path: Path) -> Store:
-    """The store a command writes; a `.a2a` directory made for it is kept out of git."""
+def _new_store(path: Path | str) -> Store:
+    """The store a command writes; a `.a2a` directory made for it is kept out of git.
+    A PostgreSQL URL (a string) opens the shared store (`store_pg.py`)."""
     from .session import keep_out_of_git
+    from .stores import open_store
 
-    if path.parent.name == ".a2a":
+    if isinstance(path, Path) and path.parent.name == ".a2a":
         keep_out_of_git(path.parent)
-    return Store(path)
+    return open_store(path)
 
 
-async def session_id_of(store: Store, given: str, where: Path, *, missing_ok: bool = False) -> str:
+async def session_id_of(
+    store: Store, given: str, where: Path | str, *, missing_ok: bool = False
+) -> str:
     """The session `given` names: its id, or any unique prefix of one (the
     tree and `status` print short ids). One it does not name at all is an
     error, or (`missing_ok`) `given` itself."""
@@ -434,6 +440,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
         db = args.db or str(workdir / ".a2a" / "tasks-orchestrator.db")
         store_path = args.store or workdir / ".a2a" / "orchestrator.db"
+        # Hooks, reactions and policy are read beside a store file; a shared
+        # (PostgreSQL) store has no directory, so from the work directory's .a2a.
+        config_dir = store_path.parent if isinstance(store_path, Path) else workdir / ".a2a"
         network = Network.load()
         context = run_orchestrator_server(
             store_path=store_path,
@@ -443,9 +452,10 @@ async def _serve(args: argparse.Namespace) -> int:
             db=db,
             # Read beside the store, not from the work directory the agents
             # can write: in a container the store lives on a private volume.
-            hooks=_hooks(None, store_path.parent),
-            reactions=_reaction_rules(store_path.parent),
-            policy=_policy(None, store_path.parent),
+            hooks=_hooks(None, config_dir),
+            reactions=_reaction_rules(config_dir),
+            policy=_policy(None, config_dir),
+            lease_seconds=args.lease or float(os.environ.get("A2A_LEASE_SECONDS") or 15),
             **common,
         )
         name = "orchestrator"
@@ -456,7 +466,8 @@ async def _serve(args: argparse.Namespace) -> int:
                 f"{s.name}={'remote ' + str(s.url) if s.remote else 'in-process'}"
                 for s in network.agents.values()
             ),
-            f"  control API: /api/sessions   store: {store_path}",
+            "  control API: /api/sessions   store: "
+            + (str(store_path) if isinstance(store_path, Path) else "PostgreSQL (replicas)"),
         ]
         scripted = settings.offline
         commands = any(not s.remote for s in network.agents.values())
@@ -695,10 +706,10 @@ async def _events(args: argparse.Namespace) -> int:
 async def _stop(args: argparse.Namespace) -> int:
     import httpx
 
-    if args.store.exists():
+    if isinstance(args.store, str) or args.store.exists():
         # A short id is resolved here; the server's API takes whole ids. An
         # id this store does not know may still be the server's.
-        with contextlib.closing(Store(args.store)) as local:
+        with contextlib.closing(_existing_store(args.store)) as local:
             args.session = await session_id_of(local, args.session, args.store, missing_ok=True)
     token = os.environ.get(args.token_env)
     headers = {"Authorization": f"Bearer {token}"} if token else {}

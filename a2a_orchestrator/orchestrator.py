@@ -50,6 +50,7 @@ from .cards import CardOptions
 from .control import ControlPlane
 from .events import ChildEvent, Done, Failed, MessageDelta, Started
 from .hooks import Hooks
+from .leases import LEASE_SECONDS, Leases, SessionOwnedElsewhere
 from .models.base import Model
 from .network import Network
 from .parent import ParentAgent
@@ -69,6 +70,8 @@ from .server import (
 from .serving import bind_socket
 from .session import RelayedEvent, Session
 from .store import Store
+from .store_pg import PgStore
+from .stores import open_store
 from .tools import Sandbox
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .transports.local import check_sandbox
@@ -169,6 +172,8 @@ class _SessionRecord:
     """The configured reactions, attached to its root parent once."""
     tasks: dict[str, _TaskRun] = field(default_factory=dict)
     """A2A task id -> the task running in it."""
+    lost: bool = False
+    """Its lease ran out here (another replica may run it now)."""
 
     def close(self) -> None:
         """Let go of what belonged to the session (it closed)."""
@@ -195,11 +200,15 @@ class _Host:
         self._tg: TaskGroup | None = None
         self.records: dict[str, _SessionRecord] = {}
         self._lock = anyio.Lock()
+        self.leases: Leases | None = None
+        """Replicas on a shared store: a session is opened only under its lease."""
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            if self.leases is not None:
+                tg.start_soon(self.leases.run, name="session leases")
             try:
                 yield
             finally:
@@ -223,6 +232,8 @@ class _Host:
         task_status: StartedStatus[_SessionRecord] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         record = _SessionRecord()
+        if self.leases is not None:
+            await self.leases.claim(session_id)  # SessionOwnedElsewhere: not opened here
         try:
             async with self._open(session_id) as session:
                 record.session = session
@@ -233,6 +244,22 @@ class _Host:
             if self.records.get(session_id) is record:
                 del self.records[session_id]
             record.close()
+            if self.leases is not None:
+                # Closed idle: nothing to take over. Closed with work left
+                # (the server stops, or the lease ran out): hand it on now.
+                hand_off = record.lost or not record.release.is_set()
+                await self.leases.release(session_id, hand_off=hand_off)
+
+    def lose(self, session_id: str) -> None:
+        """Stop running a session whose lease ran out here: its A2A tasks end
+        as `lost` and it closes (its new owner recovers its children)."""
+        record = self.records.get(session_id)
+        if record is None:
+            return
+        record.lost = True
+        for task in list(record.tasks.values()):
+            task.scope.cancel()
+        record.release.set()
 
     def release(self, record: _SessionRecord) -> None:
         """One request is done with the session; it closes once no request
@@ -354,7 +381,12 @@ class OrchestratorExecutor(AgentExecutor):
                 )
             )
             return
-        record = await self.host.acquire(context_id)
+        try:
+            record = await self.host.acquire(context_id)
+        except SessionOwnedElsewhere as exc:
+            await emit(Started(role="orchestrator"))
+            await emit(Failed(reason="error", message=str(exc)))
+            return
         session = record.session
         assert session is not None  # acquire gives an open session
         try:
@@ -383,6 +415,29 @@ class OrchestratorExecutor(AgentExecutor):
                 )
         finally:
             record.tasks.pop(task_id, None)
+            self.host.release(record)
+
+    def use_leases(self, store: PgStore, *, url: str, seconds: float) -> Leases:
+        """Run sessions under leases in `store`, shared with other replicas
+        (`leases.py`): this replica takes over the sessions of dead ones."""
+        self.host.leases = Leases(
+            store, url=url, seconds=seconds, on_takeover=self._take_over, on_lost=self.host.lose
+        )
+        return self.host.leases
+
+    async def _take_over(self, session_id: str) -> None:
+        """Open a dead replica's session here and recover its children (remote
+        ones re-attached, local ones resumed under the at-most-once rule); it
+        closes again once they have ended."""
+        record = await self.host.acquire(session_id)
+        try:
+            session = record.session
+            assert session is not None  # acquire gives an open session
+            if record.plane is None:
+                record.plane = ControlPlane(session, hooks=self.hooks)
+            recovered = await session.recover()
+            logger.info("took over session %s: %d children recovered", session_id, len(recovered))
+        finally:
             self.host.release(record)
 
     async def _owns_session(self, session_id: str, context: RequestContext) -> bool:
@@ -504,7 +559,7 @@ class OrchestratorExecutor(AgentExecutor):
 @contextlib.asynccontextmanager
 async def run_orchestrator_server(
     *,
-    store_path: Path,
+    store_path: Path | str,
     workdir: Path,
     network: Network,
     models: Callable[[str], Model],
@@ -524,6 +579,7 @@ async def run_orchestrator_server(
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
     push_policy: PushPolicy | None = None,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
 
@@ -543,6 +599,10 @@ async def run_orchestrator_server(
     `push_policy`: the webhook URLs its callers may register (`push.py`);
     its own webhook endpoint for agents in push mode is served at
     /a2a/push/ (`transports/push_receiver.py`).
+
+    `store_path` may be a PostgreSQL URL (`store_pg.py`): replicas sharing it
+    run each session under a lease of `lease_seconds` and take over the
+    sessions of a replica that dies (`leases.py`).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -556,7 +616,7 @@ async def run_orchestrator_server(
     if access is None and token:
         access = Access(token=token)
     grpc = bind_grpc(host, grpc_port, url, access, sock)
-    store = Store(store_path)
+    store = open_store(store_path)
     receiver = PushReceiver(store, url)
     executor = OrchestratorExecutor(
         store,
@@ -575,6 +635,9 @@ async def run_orchestrator_server(
     )
     if grpc is not None:
         grpc.list_in(card)
+    if isinstance(store, PgStore):
+        leases = executor.use_leases(store, url=url, seconds=lease_seconds)
+        logger.info("orchestrator replica %s (leases of %ss)", leases.owner, lease_seconds)
     app = build_app(
         executor,
         card_options.finish(card),  # signed last: after every interface is listed

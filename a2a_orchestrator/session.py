@@ -138,7 +138,7 @@ class Session:
         self.title = title
         self.trace_id = uuidlib.uuid4().hex
         self.sandbox = (sandbox if sandbox is not None else Sandbox.from_env()).hiding(
-            *store_paths(store.path)
+            *(store_paths(store.path) if store.path is not None else ())
         )
         self.prices = prices if prices is not None else PriceTable.from_env()
         self.policy = policy if isinstance(policy, SpawnPolicy | None) else SpawnPolicy([policy])
@@ -189,7 +189,7 @@ class Session:
         # (a subprocess probe, once per process, hence off the event loop).
         await anyio.to_thread.run_sync(check_sandbox, self.network.agents.values(), self.sandbox)
         await anyio.to_thread.run_sync(keep_out_of_git, self.workspace.root / ".a2a")
-        if self.store.path.parent.name == ".a2a":
+        if self.store.path is not None and self.store.path.parent.name == ".a2a":
             await anyio.to_thread.run_sync(keep_out_of_git, self.store.path.parent)
         await self.store.create_session(self.id, title=self.title)
         if "remote" not in self._delegates:

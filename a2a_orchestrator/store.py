@@ -341,7 +341,8 @@ class Store:
     """SQLite store for one orchestrator (see the module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path: Path | None = Path(path)
+        """The SQLite file; None for a store that is not a file (`store_pg.PgStore`)."""
         self._file = SQLiteFile(path, "store")
         self._db = sqlite_utils.Database(self._file.conn)
         self._db.execute("PRAGMA foreign_keys=ON")
