@@ -416,6 +416,13 @@ def _expected(exc: BaseException) -> list[BaseException] | None:
     return [exc] if isinstance(exc, OrchestratorError | OSError) else None
 
 
+def service_name(args: argparse.Namespace) -> str:
+    """The service.name of a command's spans: `a2a-ROLE` for `serve ROLE`,
+    `a2a-orchestrator` for the commands that run sessions here."""
+    role = getattr(args, "role", None) if args.command == "serve" else None
+    return f"a2a-{role}" if role else "a2a-orchestrator"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code (see `EXIT_CODES`; 2: bad usage or
     configuration, 130: interrupted). Expected failures are one line on
@@ -435,8 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return up(args)
         from .commands import ASYNC_COMMANDS
+        from .tracing import exporting
 
-        return int(anyio.run(ASYNC_COMMANDS[args.command], args))
+        # Spans go out (and are flushed at the end) when OTEL_* ask for it.
+        with exporting(service_name(args)):
+            return int(anyio.run(ASYNC_COMMANDS[args.command], args))
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

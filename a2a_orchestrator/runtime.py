@@ -57,6 +57,7 @@ from typing import Any
 
 import anyio
 
+from . import tracing
 from .budgets import Budget, Meter, Price, Spend
 from .errors import ModelError, ToolError
 from .events import (
@@ -429,7 +430,7 @@ class Conversation:
             unsent: list[str] = []
             last_sent = anyio.current_time()
             call_usage = Usage()
-            async for item in self.model.stream(self.messages, self._specs):
+            async for item in tracing.model_call(self.model, self.messages, self._specs):
                 if isinstance(item, TextDelta):
                     if item.text:
                         parts.append(item.text)
@@ -510,7 +511,9 @@ class Conversation:
                 return
         outcome = "interrupted"
         try:
-            output, success = await self._call_tool(call, marker)
+            with tracing.tool_call(call.name) as traced:
+                output, success = await self._call_tool(call, marker)
+                traced.succeeded(success)
             await self._record_result(call, output, success, emit)
             outcome = "done"
         finally:
