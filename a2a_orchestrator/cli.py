@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -16,7 +17,7 @@ from ._version import __version__
 from .clidefaults import DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES, PROTOCOLS
 from .errors import OrchestratorError
 
-__all__ = ["DEFAULT_PORTS", "EXIT_CODES", "build_parser", "main"]
+__all__ = ["DEFAULT_PORTS", "EXIT_CODES", "TRACED_COMMANDS", "build_parser", "main", "service_name"]
 
 
 # -- the parser ---------------------------------------------------------------------
@@ -416,6 +417,9 @@ def _expected(exc: BaseException) -> list[BaseException] | None:
     return [exc] if isinstance(exc, OrchestratorError | OSError) else None
 
 
+TRACED_COMMANDS = frozenset({"demo", "run", "serve", "resume"})
+
+
 def service_name(args: argparse.Namespace) -> str:
     """The service.name of a command's spans: `a2a-ROLE` for `serve ROLE`,
     `a2a-orchestrator` for the commands that run sessions here."""
@@ -444,8 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .commands import ASYNC_COMMANDS
         from .tracing import exporting
 
-        # Spans go out (and are flushed at the end) when OTEL_* ask for it.
-        with exporting(service_name(args)):
+        # The commands that do the work trace it: their spans go out (and
+        # are flushed at the end) when OTEL_* ask for it.
+        traced = args.command in TRACED_COMMANDS
+        with exporting(service_name(args)) if traced else contextlib.nullcontext():
             return int(anyio.run(ASYNC_COMMANDS[args.command], args))
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as Unix tools do.
