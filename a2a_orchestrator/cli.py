@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -16,7 +17,7 @@ from ._version import __version__
 from .clidefaults import DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES, PROTOCOLS
 from .errors import OrchestratorError
 
-__all__ = ["DEFAULT_PORTS", "EXIT_CODES", "build_parser", "main"]
+__all__ = ["DEFAULT_PORTS", "EXIT_CODES", "TRACED_COMMANDS", "build_parser", "main", "service_name"]
 
 
 # -- the parser ---------------------------------------------------------------------
@@ -453,6 +454,16 @@ def _expected(exc: BaseException) -> list[BaseException] | None:
     return [exc] if isinstance(exc, OrchestratorError | OSError) else None
 
 
+TRACED_COMMANDS = frozenset({"demo", "run", "serve", "resume"})
+
+
+def service_name(args: argparse.Namespace) -> str:
+    """The service.name of a command's spans: `a2a-ROLE` for `serve ROLE`,
+    `a2a-orchestrator` for the commands that run sessions here."""
+    role = getattr(args, "role", None) if args.command == "serve" else None
+    return f"a2a-{role}" if role else "a2a-orchestrator"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code (see `EXIT_CODES`; 2: bad usage or
     configuration, 130: interrupted). Expected failures are one line on
@@ -472,8 +483,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return up(args)
         from .commands import ASYNC_COMMANDS
+        from .tracing import exporting
 
-        return int(anyio.run(ASYNC_COMMANDS[args.command], args))
+        # The commands that do the work trace it: their spans go out (and
+        # are flushed at the end) when OTEL_* ask for it.
+        traced = args.command in TRACED_COMMANDS
+        with exporting(service_name(args)) if traced else contextlib.nullcontext():
+            return int(anyio.run(ASYNC_COMMANDS[args.command], args))
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -54,8 +54,11 @@ from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from .models.base import ChatMessage
 from .records import RecordKind
 from .render import NO_TERMINAL_TEXT
+from .tracing import ChildSpans
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
     from .network import AgentSpec
     from .selectors import Selector  # selectors imports this module
 
@@ -366,10 +369,13 @@ class ChildHandle:
         depth: int = 1,
         on_event: Publish | None = None,
         on_settled: Callable[[ChildHandle], None] | None = None,
+        trace_context: Context | None = None,
     ) -> None:
         """`on_event` is handed each new event once stored (it must not wait
         for the watchers it passes it to); `on_settled` is told,
-        synchronously, each time a turn has ended and the handle is idle."""
+        synchronously, each time a turn has ended and the handle is idle.
+        `trace_context`: where the child's span goes when it is spawned
+        outside any span (its session's; `tracing.ChildSpans`)."""
         self.child_id = child_id
         self.agent = agent
         self.role = role
@@ -408,6 +414,7 @@ class ChildHandle:
         (a `StoreError` when its events could not be stored)."""
         self.terminated = False
         """Stopped for good by `terminate()`: input is refused until `reinstate()`."""
+        self.spans = ChildSpans(self, trace_context)
 
     # -- what the parent reads --------------------------------------------------
 
@@ -653,7 +660,8 @@ class ChildHandle:
                         message = CANCELED_TEXT if self._cancelling else INTERRUPTED_TEXT
                         await self._fail(Failed(reason="aborted", message=message))
                         continue
-                    unread = await self.run.turn(text, self._emit)
+                    with self.spans.turn(self._turn):
+                        unread = await self.run.turn(text, self._emit)
                     if unread and not self._cancelling and not self.terminated:
                         # Steering the turn took but ended before reading:
                         # the next turn's input, ahead of queued follow-ups
@@ -672,6 +680,8 @@ class ChildHandle:
                 finally:
                     self._active = False
                     self._notify()
+                    if self.settled:
+                        self.spans.settled()
                     if self._on_settled is not None and self.settled:
                         self._on_settled(self)
         finally:
@@ -753,4 +763,5 @@ class ChildHandle:
     def close(self) -> None:
         """Wake every waiter for good (the owner is shutting down)."""
         self._closed = True
+        self.spans.close()
         self._notify()

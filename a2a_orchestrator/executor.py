@@ -53,6 +53,7 @@ from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
 
+from . import tracing
 from .budgets import Budget, PriceTable
 from .conversations import HOLD_LIMIT, control, role_conversation, spent_in
 from .errors import ConfigError, ControlError
@@ -340,7 +341,11 @@ class RoleExecutor(AgentExecutor):
         ended = self._turn_ended[task_id] = anyio.Event()
         cap = await self._cap(context, conversation)
         try:
-            terminal = await conversation.run(text, emit, cap=cap)
+            # The caller's turn goes on here: its span is this one's parent.
+            with tracing.served_turn(
+                context.call_context, role=self.role.name, task_id=task_id, context_id=context_id
+            ) as traced:
+                terminal = traced.ended(await conversation.run(text, emit, cap=cap))
         finally:
             ended.set()
             if self._turn_ended.get(task_id) is ended:

@@ -44,6 +44,7 @@ from a2a.types import (
 from anyio.abc import TaskGroup
 from anyio.abc import TaskStatus as StartedStatus
 
+from . import tracing
 from .access import Access
 from .api import OWNER_KEY, api_routes
 from .cards import CardOptions
@@ -347,6 +348,18 @@ class OrchestratorExecutor(AgentExecutor):
         return self.host.running()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task
+        context_id = task.context_id if task is not None else (context.context_id or "")
+        # The caller's trace goes on here: the session's children are under this turn.
+        with tracing.served_turn(
+            context.call_context,
+            role="orchestrator",
+            task_id=context.task_id or "",
+            context_id=context_id,
+        ):
+            await self._execute(context, event_queue)
+
+    async def _execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
         task_id = context.task_id or ""
         context_id = task.context_id if task is not None else (context.context_id or "")

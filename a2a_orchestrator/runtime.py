@@ -57,6 +57,7 @@ from typing import Any
 
 import anyio
 
+from . import tracing
 from .budgets import Budget, Meter, Price, Spend
 from .errors import ModelError, ToolError
 from .events import (
@@ -431,7 +432,7 @@ class Conversation:
             unsent: list[str] = []
             last_sent = anyio.current_time()
             call_usage = Usage()
-            stream = self.model.stream(self.messages, self._specs)
+            stream = tracing.model_call(self.model, self.messages, self._specs)
             async for item in observed_stream(stream, self.role, self.model.name):
                 if isinstance(item, TextDelta):
                     if item.text:
@@ -513,7 +514,9 @@ class Conversation:
                 return
         outcome = "interrupted"
         try:
-            output, success = await self._call_tool(call, marker)
+            with tracing.tool_call(call.name) as traced:
+                output, success = await self._call_tool(call, marker)
+                traced.succeeded(success)
             await self._record_result(call, output, success, emit)
             outcome = "done"
         finally:

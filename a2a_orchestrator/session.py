@@ -47,6 +47,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from . import tracing
 from .budgets import Budget, PriceTable, Spend
 from .delegation import (
     ChildConfig,
@@ -177,6 +178,7 @@ class Session:
         self._tg: TaskGroup | None = None
         self._runner = Runner(store, self.id, self._stop_requested)
         self._stop_listeners: list[Callable[[], Coroutine[Any, Any, Any]]] = []
+        self._trace_context: Any = None
         self.stop_requested = False
         """Whether `a2a-orchestrator stop` stopped this session."""
 
@@ -202,6 +204,8 @@ class Session:
             )
             self._delegates["remote"] = self._remote
         await self._runner.register()
+        # Current from here to the close: the owner's spans and the children's are under it.
+        self._trace_context = self._stack.enter_context(tracing.session_span(self.id, self.title))
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._state = _State.OPENED
         self._tg.start_soon(self._runner.beat, name=f"session {self.id} heartbeat")
@@ -545,6 +549,7 @@ class Session:
             depth=record.depth,
             on_event=self._relay,
             on_settled=self._settled,
+            trace_context=self._trace_context,
         )
         run.on_identity = self._identified(record.child_id, run)
         self._children[record.child_id] = handle

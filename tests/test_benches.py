@@ -31,6 +31,11 @@ FIGURES = {
     ],
     "relay.py": [r"local\s+\d+ events: events/s min\s+\d+", r"remote\s+\d+ events: events/s"],
     "races.py": [r"races: 500 trials, 0 escaped"],
+    "tracing_cost.py": [
+        r"span\s+off\s+[\d.]+ us",
+        r"local\s+on - off, medians: wall [+-][\d.]+ ms",
+        r"remote\s+on - off, medians: wall [+-][\d.]+ ms .* cpu [+-][\d.]+ ms",
+    ],
     "trials.py": [r"SIGKILL trials: 2 \(1 orchestrator, 1 role server\).*lost 0, re-run 0"],
 }
 

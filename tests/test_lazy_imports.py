@@ -1,5 +1,6 @@
 """Light entry points stay light: importing the package, `--help` and `status`
-do not load the SDK's server side, SQLAlchemy, openai, uvicorn or starlette.
+do not load the SDK's server side, SQLAlchemy, openai, uvicorn, starlette or
+OpenTelemetry.
 
 Each case runs in a fresh interpreter (a subprocess), because this test
 process has long since imported everything; the child reports which of those
@@ -17,7 +18,7 @@ import anyio
 
 from a2a_orchestrator.store import Store
 
-HEAVY = ("openai", "a2a.server", "sqlalchemy", "uvicorn", "starlette")
+HEAVY = ("openai", "a2a.server", "sqlalchemy", "uvicorn", "starlette", "opentelemetry")
 
 # Runs `code`, then prints the heavy packages loaded as a JSON list on the last line.
 _PROBE = """

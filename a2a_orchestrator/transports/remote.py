@@ -122,6 +122,7 @@ from ..wire import (
 )
 from .credentials import credential_service
 from .grpc_channels import GrpcChannels, grpc_error, is_grpc_error
+from .propagation import TraceContextInterceptor
 from .tolerant import tolerate_naive_timestamps
 
 if TYPE_CHECKING:
@@ -917,9 +918,9 @@ class RemoteDelegate:
 
     def _client(self, spec: AgentSpec, card: AgentCard, *, streaming: bool) -> Client:
         service = self._credentials(spec)
-        interceptors: list[ClientCallInterceptor] = (
-            [AuthInterceptor(service)] if service is not None else []
-        )
+        interceptors: list[ClientCallInterceptor] = [TraceContextInterceptor()]
+        if service is not None:
+            interceptors.append(AuthInterceptor(service))
         config = ClientConfig(
             httpx_client=self.http,
             streaming=streaming,
