@@ -417,6 +417,8 @@ class StreamDecoder:
         self.task_id = ""
         self.context_id = ""
         self.state: TaskState = TaskState.TASK_STATE_UNSPECIFIED
+        self._state_of = ""
+        """The task whose state `state` is (a replay of it is skipped)."""
 
     def new_turn(self) -> None:
         """Forget the last turn's artifacts (a new task may follow); seen ids stay seen."""
@@ -496,9 +498,13 @@ class StreamDecoder:
         return [Started(uuid=f"{self.task_id}:started")]
 
     def _decode_status(self, state: TaskState, message: Message | None) -> list[ChildEvent]:
-        if state in TURN_ENDING_STATES and self.state == state and message is None:
+        # A replayed terminal state of the same task is skipped; a new task in
+        # the context (a later turn) that answers with its final snapshot (a
+        # blocking send to a peer that cannot stream) is not a replay.
+        replay = self.state == state and self._state_of == self.task_id
+        if state in TURN_ENDING_STATES and replay and message is None:
             return []
-        self.state = state
+        self.state, self._state_of = state, self.task_id
         if message is not None:
             if message.message_id in self._seen:
                 return []

@@ -6,9 +6,11 @@ proxy (`tests/peers/*.json`, see each file's `recorded`): fasta2a 2.1.1
 (naive timestamps in a stream that opens with SUBMITTED) and fasta2a 0.6.1
 (A2A v0.3 card without supportedInterfaces, HTTP 500 without
 `acceptedOutputModes`, SUBMITTED answers to a blocking send, naive
-timestamps). The replay is the fake here: it stands for those frameworks,
-which the test suite does not install. A child is delegated to each through
-a `Session`, and its result is the peer's answer.
+timestamps), Google ADK's `to_a2a` on a2a-sdk 1.3 and on 0.3, and a minimal
+a2a-sdk 0.3 server, streaming and not (two turns each: a later turn opens a
+new task in the same context). The replay is the fake here: it stands for
+those frameworks, which the test suite does not install. A child is
+delegated to each through a `Session`, and its result is the peer's answer.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.events import TERMINAL_KINDS, Done
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
@@ -112,6 +114,20 @@ async def delegate(url: str, tmp_path: Path) -> Any:
         return await child.result()
 
 
+async def converse(url: str, tmp_path: Path) -> list[Any]:
+    """The results of two turns: the opening prompt, then a follow-up."""
+    network = Network.of(AgentSpec(name="peer", role="peer", url=url))
+    async with Session(Store(tmp_path / "o.db"), workdir=tmp_path, network=network) as session:
+        child = await session.spawn(ChildConfig(role="peer", prompt="hello there"))
+        first = await child.result()
+        seen = len(child.log)
+        await child.send("second")
+        async for event in child.events(seen):
+            if event.kind in TERMINAL_KINDS:
+                return [first, event]
+    raise AssertionError("the child closed before its second turn ended")
+
+
 def noted(caplog: pytest.LogCaptureFixture, url: str, what: str) -> int:
     return sum(1 for r in caplog.records if url in r.getMessage() and what in r.getMessage())
 
@@ -184,3 +200,35 @@ async def test_an_append_chunk_for_an_unknown_artifact_starts_it(
             result = await delegate(peer.url, tmp_path)
     assert isinstance(result, Done) and result.text == "echo: hello there"
     assert noted(caplog, peer.url, "append chunk for an unknown artifact") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "method"),
+    [
+        ("adk_to_a2a", "SendStreamingMessage"),
+        ("adk_to_a2a_sdk_0_3", "message/stream"),
+        ("a2a_sdk_0_3", "message/stream"),
+        # Not streaming: each turn's blocking send answers with the completed
+        # task, whose final state the second turn must not take for a replay
+        # of the first task's.
+        ("a2a_sdk_0_3_blocking", "message/send"),
+    ],
+)
+async def test_stock_peer_answers_two_turns(
+    name: str, method: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="a2a_orchestrator")
+    with anyio.fail_after(30):
+        async with replaying(recording(name)) as peer:
+            first, second = await converse(peer.url, tmp_path)
+    assert isinstance(first, Done) and first.text == "echo: hello there"
+    assert isinstance(second, Done) and second.text == "echo: second"
+    assert [r["method"] for r in peer.requests] == [method, method]
+    # Both turns are in the child's one context, the second a new task.
+    contexts = {r["params"]["message"]["contextId"] for r in peer.requests}
+    assert len(contexts) == 1 and "taskId" not in peer.requests[1]["params"]["message"]
+    assert all(
+        r["params"]["configuration"]["acceptedOutputModes"] == ["text/plain"] for r in peer.requests
+    )
+    # These peers need no tolerance of the reader.
+    assert noted(caplog, peer.url, "peer ") == 0
