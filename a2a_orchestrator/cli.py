@@ -277,6 +277,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="the signature's key id (default: $A2A_CARD_KEY_ID, else the key's "
         "RFC 7638 thumbprint)",
     )
+    serve.add_argument(
+        "--lease-seconds",
+        type=_positive,
+        default=None,
+        help="replicas (a PostgreSQL --db): how long a replica's lease on a task outlives its "
+        "last renewal, so how soon another replica adopts a dead one's tasks "
+        "(default: $A2A_LEASE_SECONDS or 15)",
+    )
+    serve.add_argument(
+        "--replica-id",
+        default=None,
+        help="replicas: this replica's name in the lease table, made unique per process "
+        "(default: $A2A_REPLICA_ID, else the host name)",
+    )
     _sandbox_options(serve)
     _access_options(serve)
 
