@@ -31,6 +31,9 @@ FIGURES = {
     ],
     "relay.py": [r"local\s+\d+ events: events/s min\s+\d+", r"remote\s+\d+ events: events/s"],
     "races.py": [r"races: 500 trials, 0 escaped"],
+    "replicas.py": [
+        rf"{n} replica\(s\): 20 children in\s+[\d.]+ s,\s+[\d.]+ children/s" for n in (1, 2, 3)
+    ],
     "trials.py": [r"SIGKILL trials: 2 \(1 orchestrator, 1 role server\).*lost 0, re-run 0"],
 }
 
