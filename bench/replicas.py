@@ -36,8 +36,9 @@ from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 
+# The throwaway PostgreSQL of the tests (tests/postgres.py) serves the bench too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from postgres import Postgres, Unavailable, running_postgres  # noqa: E402
+from postgres import Postgres, Unavailable, running_postgres
 
 CARD = "/.well-known/agent-card.json"
 
