@@ -304,6 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="networks a caller's push notification webhook may be in besides public "
         "addresses, e.g. 10.0.0.0/8 (default: $A2A_PUSH_ALLOW; unset: public addresses only)",
     )
+    serve.add_argument(
+        "--lease-seconds",
+        type=_positive,
+        default=None,
+        help="replicas (a PostgreSQL --db): how long a replica's lease on a task outlives its "
+        "last renewal, so how soon another replica adopts a dead one's tasks "
+        "(default: $A2A_LEASE_SECONDS or 15)",
+    )
+    serve.add_argument(
+        "--replica-id",
+        default=None,
+        help="replicas: this replica's name in the lease table, made unique per process "
+        "(default: $A2A_REPLICA_ID, else the host name)",
+    )
     _sandbox_options(serve)
     _access_options(serve)
     serve.add_argument(

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .network import Network
     from .policy import SpawnPolicy
     from .reactions import Reaction, Reactions
+    from .replicas import ReplicaSettings
     from .session import Session
     from .tools import Sandbox
 
@@ -478,7 +479,14 @@ async def _serve(args: argparse.Namespace) -> int:
         model = resolve_model(role.model, settings)
         db = args.db or str(workdir / ".a2a" / f"tasks-{role.name}.db")
         context = run_role_server(
-            role, model, workdir, db=db, models=models, **_server_limits(args), **common
+            role,
+            model,
+            workdir,
+            db=db,
+            models=models,
+            replica=_replica(args, db),
+            **_server_limits(args),
+            **common,
         )
         name = role.name
         model_line = describe_model(model)
@@ -578,6 +586,17 @@ def _grpc_port(args: argparse.Namespace) -> int | None:
     if not raw.isdigit() or int(raw) > 65535:
         raise OrchestratorError(f"$A2A_GRPC_PORT must be a port in 0..65535, got {raw!r}")
     return int(raw)
+
+
+def _replica(args: argparse.Namespace, db: str) -> ReplicaSettings | None:
+    """A replica's id and lease (the flags, else their variables) for a shared `db`."""
+    from .server import is_replica_url
+
+    if not is_replica_url(db):
+        return None
+    from .replicas import ReplicaSettings
+
+    return ReplicaSettings.from_env(replica_id=args.replica_id, lease=args.lease_seconds)
 
 
 def _server_limits(args: argparse.Namespace) -> dict[str, Any]:

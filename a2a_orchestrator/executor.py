@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from a2a.helpers import get_message_text
@@ -75,6 +75,9 @@ from .wire import (
     pause_rules_from_wire,
     publish,
 )
+
+if TYPE_CHECKING:
+    from a2a.server.cluster import VersionedTaskStore
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -166,7 +169,7 @@ class RoleExecutor(AgentExecutor):
         model: Model,
         workspace: Workspace,
         *,
-        task_store: TaskStore | None = None,
+        task_store: TaskStore | VersionedTaskStore | None = None,
         models: Callable[[str], Model] | None = None,
         model_names: Collection[str] = (),
         max_memory: int = DEFAULT_MAX_MEMORY,
@@ -218,13 +221,21 @@ class RoleExecutor(AgentExecutor):
         """New task id -> set once the request handler has stored the task."""
         self._hears_saves = False
 
-    def saves_through(self, store: TaskStore) -> TaskStore:
+    def saves_through(
+        self, store: TaskStore | VersionedTaskStore
+    ) -> TaskStore | VersionedTaskStore:
         """`store`, telling this executor of each task it saves: the store to
         give the request handler. A new task's turn then waits, before its
         first event goes on, until a2a-sdk has stored the task (so a crash
         cannot lose a task whose tools ran) and the executor never writes a
         task the SDK writes too."""
         self._hears_saves = True
+        if not isinstance(store, TaskStore):
+            # Replicas' versioned store (clusterstore.py): observed as such,
+            # so the request handler still streams across replicas.
+            from .clusterstore import observed
+
+            return observed(store, self._saved)
         return ObservedTaskStore(store, self._saved)
 
     async def _saved(self, task: Task, context: ServerCallContext) -> None:
@@ -319,6 +330,10 @@ class RoleExecutor(AgentExecutor):
                 await self._open_task(first, event_queue)
             await publish(updater, event)
 
+        refused = self._refusal(task_id)
+        if refused:
+            await emit(Failed(reason="error", message=refused))
+            return
         conversation = self._conversations.get(context_id)
         if conversation is None:
             try:
@@ -337,7 +352,8 @@ class RoleExecutor(AgentExecutor):
             await emit(Failed(reason="error", message=busy))
             return
         self._context_of[task_id] = context_id
-        text = get_message_text(context.message) if context.message else ""
+        # No message: a replica adopting a dead one's turn continues it (`replicas.py`).
+        text = get_message_text(context.message) if context.message else None
         ended = self._turn_ended[task_id] = anyio.Event()
         cap = await self._cap(context, conversation)
         try:
@@ -402,6 +418,20 @@ class RoleExecutor(AgentExecutor):
                 "answer that task, or cancel it first"
             )
         return ""
+
+    def _refusal(self, task_id: str) -> str:
+        """Why a turn of `task_id` may not run here ("" if it may); replicas
+        refuse a new task in a context another replica runs."""
+        return ""
+
+    def _forget(self, context_id: str) -> None:
+        """Drop a context's conversation from memory (it is rebuilt from the
+        store when next used), e.g. once another replica took a turn in it."""
+        self._conversations.pop(context_id, None)
+        self._sizes.pop(context_id, None)
+        waiting = self._waiting.pop(context_id, None)
+        if waiting is not None:
+            self._context_of.pop(waiting, None)
 
     def _evict(self) -> None:
         """Drop the least recently used idle conversations while over a bound."""

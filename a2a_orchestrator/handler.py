@@ -188,6 +188,23 @@ class RoleRequestHandler(DefaultRequestHandler):
         except ConfigError as exc:
             raise InvalidParamsError(message=f"{CONFIG_KEY}: {exc}") from exc
 
+    async def _check_not_elsewhere(self, params: SendMessageRequest) -> None:
+        """Refuse a follow-up whose task's turn runs on another replica: it
+        cannot queue behind a turn in another process (`replicas.py`)."""
+        executor = self.agent_executor
+        message = params.message
+        if not message.task_id or not message.context_id:
+            return
+        running_elsewhere = getattr(executor, "running_elsewhere", None)
+        if running_elsewhere is None:
+            return
+        holder = await running_elsewhere(message.context_id)
+        if holder:
+            raise UnsupportedOperationError(
+                message=f"task {message.task_id} has a turn running on replica {holder}; "
+                "send the message once that turn has ended"
+            )
+
     async def _control(self, params: SendMessageRequest, context: ServerCallContext) -> Task | None:
         """Apply a control message; None when the message is an ordinary one."""
         message = params.message
@@ -226,6 +243,7 @@ class RoleRequestHandler(DefaultRequestHandler):
         self._check_config(params)
         await self._fill_context_id(params, context)
         await self._check_context(params, context)
+        await self._check_not_elsewhere(params)
         async with self._one_at_a_time(params) as opening:
             repeated = await self._repeated(params, context) if opening else None
             if repeated is not None:
@@ -243,6 +261,7 @@ class RoleRequestHandler(DefaultRequestHandler):
         self._check_config(params)
         await self._fill_context_id(params, context)
         await self._check_context(params, context)
+        await self._check_not_elsewhere(params)
         events: AsyncGenerator[Any, None] | None = None
         async with self._one_at_a_time(params) as opening:
             repeated = await self._repeated(params, context) if opening else None

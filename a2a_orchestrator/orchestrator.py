@@ -51,7 +51,6 @@ from .cards import CardOptions
 from .control import ControlPlane
 from .events import ChildEvent, Done, Failed, MessageDelta, Started
 from .hooks import Hooks
-from .leases import LEASE_SECONDS, Leases, SessionOwnedElsewhere
 from .models.base import Model
 from .network import Network
 from .parent import ParentAgent
@@ -70,6 +69,7 @@ from .server import (
 )
 from .serving import bind_socket
 from .session import RelayedEvent, Session
+from .session_leases import LEASE_SECONDS, Leases, SessionOwnedElsewhere
 from .store import Store
 from .store_pg import PgStore
 from .stores import open_store
@@ -432,7 +432,7 @@ class OrchestratorExecutor(AgentExecutor):
 
     def use_leases(self, store: PgStore, *, url: str, seconds: float) -> Leases:
         """Run sessions under leases in `store`, shared with other replicas
-        (`leases.py`): this replica takes over the sessions of dead ones."""
+        (`session_leases.py`): this replica takes over the sessions of dead ones."""
         self.host.leases = Leases(
             store, url=url, seconds=seconds, on_takeover=self._take_over, on_lost=self.host.lose
         )
@@ -615,7 +615,7 @@ async def run_orchestrator_server(
 
     `store_path` may be a PostgreSQL URL (`store_pg.py`): replicas sharing it
     run each session under a lease of `lease_seconds` and take over the
-    sessions of a replica that dies (`leases.py`).
+    sessions of a replica that dies (`session_leases.py`).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:

@@ -128,6 +128,8 @@ def open_push_config_store(task_store: object) -> PushNotificationConfigStore:
     a task store of another kind (kept in memory) gets one in memory."""
     if isinstance(task_store, SQLiteTaskStore):
         return SQLitePushConfigStore(task_store.path)
+    # Replicas' versioned store: its plain store holds the engine they share.
+    task_store = getattr(task_store, "as_task_store", task_store)
     if isinstance(task_store, DatabaseTaskStore):
         return DatabasePushNotificationConfigStore(task_store.engine, create_table=True)
     return InMemoryPushNotificationConfigStore()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from a2a.types import (
     SecurityRequirement,
     SecurityScheme,
     StringList,
+    Task,
     TaskState,
     TaskStatus,
 )
@@ -48,7 +49,7 @@ from a2a.types import (
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from anyio.abc import TaskStatus as StartedStatus
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -86,7 +87,10 @@ from .usage import UsageLog, usage_path
 from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY, write_at_once
 
 if TYPE_CHECKING:
+    from a2a.server.cluster import TaskEventStream, VersionedTaskStore
+
     from .grpc_serving import GrpcServing
+    from .replicas import ReplicaSettings
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -246,18 +250,26 @@ def open_task_store(db: str) -> TaskStore:
     SQLAlchemy async URL (PostgreSQL for replicas, or any other) gives
     a2a-sdk's `DatabaseTaskStore`."""
     if "://" in db:
-        try:
-            engine = create_async_engine(db)
-        except (ImportError, SQLAlchemyError, ValueError) as exc:
-            raise ConfigError(
-                f"task store URL {db!r} cannot be used: {exc} (an async driver is needed, "
-                "e.g. sqlite+aiosqlite:// or postgresql+asyncpg:// with "
-                "pip install 'a2a-orchestrator[postgresql]')"
-            ) from exc
-        return DatabaseTaskStore(engine, create_table=True)
+        return DatabaseTaskStore(_engine(db), create_table=True)
     return SQLiteTaskStore(
         Path(db).expanduser(), coalesce=FRAME_WRITE_DELAY, write_now=write_at_once
     )
+
+
+def is_replica_url(db: str) -> bool:
+    """Whether a task store URL is one that replicas share (PostgreSQL)."""
+    return db.split("://", 1)[0].split("+", 1)[0] in ("postgresql", "postgres")
+
+
+def _engine(db: str) -> AsyncEngine:
+    try:
+        return create_async_engine(db)
+    except (ImportError, SQLAlchemyError, ValueError) as exc:
+        raise ConfigError(
+            f"task store URL {db!r} cannot be used: {exc} (an async driver is needed, "
+            "e.g. sqlite+aiosqlite:// or postgresql+asyncpg:// with "
+            "pip install 'a2a-orchestrator[postgresql]')"
+        ) from exc
 
 
 class _Owner(User):
@@ -275,7 +287,7 @@ class _Owner(User):
         return self._name
 
 
-async def fail_orphaned_tasks(task_store: TaskStore) -> int:
+async def fail_orphaned_tasks(task_store: TaskStore | VersionedTaskStore) -> int:
     """Mark tasks a dead server left working as failed (reason `lost`).
 
     Nothing runs them any more: a client re-attaching would otherwise wait on
@@ -321,7 +333,7 @@ class ServedExecutor(Protocol):
 def build_app(
     executor: ServedExecutor,
     card: AgentCard,
-    task_store: TaskStore,
+    task_store: TaskStore | VersionedTaskStore,
     *,
     token: str | None = None,
     access: Access | None = None,
@@ -333,6 +345,7 @@ def build_app(
     metrics_public: bool = False,
     public_prefixes: Sequence[str] = (),
     push_policy: PushPolicy | None = None,
+    event_stream: TaskEventStream | None = None,
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
     `access` and `usage` (and closes them).
@@ -348,7 +361,9 @@ def build_app(
 
     `metrics` (None: none) are served at `/metrics`, behind the same auth
     unless `metrics_public`, and fed from this app's task saves and the
-    conversations its requests run (`metrics.py`).
+    conversations its requests run (`metrics.py`). `event_stream` carries a
+    versioned (replicas') `task_store`'s events to other replicas'
+    subscribers (`replicas.py`).
     """
     if access is None and token:
         access = Access(token=token)
@@ -357,9 +372,16 @@ def build_app(
         if access is not None or usage is not None
         else None
     )
-    observed = ObservedTaskStore(task_store, quotas.observe) if quotas else task_store
-    if metrics is not None:
-        observed = ObservedTaskStore(observed, metrics.task_saved)
+    observed: TaskStore | VersionedTaskStore = task_store
+    watchers = [quotas.observe if quotas is not None else None]
+    watchers.append(metrics.task_saved if metrics is not None else None)
+    for on_save in watchers:
+        if on_save is not None:
+            observed = (
+                ObservedTaskStore(observed, on_save)
+                if isinstance(observed, TaskStore)
+                else _observed(observed, on_save)
+            )
     if isinstance(executor, RoleExecutor):
         # The executor reads a context's earlier tasks through the same store,
         # and hears of each save (a new task's turn waits for its first one).
@@ -376,7 +398,14 @@ def build_app(
         agent_card=card,
         quotas=quotas,
         **push.handler_args(),
+        event_stream=event_stream,
     )
+    if event_stream is not None:
+        from .replicas import ReplicaExecutor
+
+        if isinstance(executor, ReplicaExecutor):
+            # It continues dead replicas' turns through the handler's tasks.
+            executor.handler = handler
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -462,6 +491,14 @@ def _metrics(**kwargs: Any) -> Metrics:
     from .metrics import Metrics
 
     return Metrics(**kwargs)
+
+
+def _observed(
+    store: VersionedTaskStore, on_save: Callable[[Task, ServerCallContext], Awaitable[None]]
+) -> VersionedTaskStore:
+    from .clusterstore import ObservedVersionedStore
+
+    return ObservedVersionedStore(store, on_save)
 
 
 def _no_limits(owner: str) -> Limits:
@@ -569,8 +606,13 @@ async def run_role_server(
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
     push_policy: PushPolicy | None = None,
+    replica: ReplicaSettings | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
+
+    A PostgreSQL `db` makes this server one of the role's replicas sharing
+    that database (`replicas.py`; `replica`: its id and lease, default
+    `ReplicaSettings.from_env()`).
 
     The socket is bound before the card is built, so the card names the real
     port; `public_url` replaces it where clients reach the server by another
@@ -613,19 +655,42 @@ async def run_role_server(
     if access is None and token:
         access = Access(token=token)
     grpc = bind_grpc(host, grpc_port, url, access, sock)
-    task_store = open_task_store(db)
-    executor = RoleExecutor(
-        role,
-        model,
-        Workspace(workdir),
-        task_store=task_store,
-        models=models,
-        journal=ToolJournal.open(journal_path(db, role.name, workdir)),
-        model_names=model_names,
-        max_memory=max_memory,
-        sandbox=sandbox,
-        prices=prices if prices is not None else PriceTable.from_env(),
-    )
+    prices = prices if prices is not None else PriceTable.from_env()
+    executor: RoleExecutor
+    event_stream: TaskEventStream | None = None
+    task_store: TaskStore | VersionedTaskStore
+    if is_replica_url(db):
+        from .clusterstore import ClusterStores
+        from .replicas import ReplicaExecutor, ReplicaSettings
+
+        cluster = ClusterStores.on(_engine(db))
+        task_store, event_stream = cluster.tasks, cluster.events
+        executor = ReplicaExecutor(
+            role,
+            model,
+            Workspace(workdir),
+            cluster=cluster,
+            settings=replica or ReplicaSettings.from_env(),
+            models=models,
+            model_names=model_names,
+            max_memory=max_memory,
+            sandbox=sandbox,
+            prices=prices,
+        )
+    else:
+        task_store = open_task_store(db)
+        executor = RoleExecutor(
+            role,
+            model,
+            Workspace(workdir),
+            task_store=task_store,
+            models=models,
+            journal=ToolJournal.open(journal_path(db, role.name, workdir)),
+            model_names=model_names,
+            max_memory=max_memory,
+            sandbox=sandbox,
+            prices=prices,
+        )
     card_options = card_options or CardOptions()
     card = build_card(role, url, sandbox=sandbox, access=access, legacy=card_options.legacy)
     if grpc is not None:
@@ -643,6 +708,7 @@ async def run_role_server(
         metrics=_metrics() if metrics else None,
         metrics_public=metrics_public,
         push_policy=push_policy,
+        event_stream=event_stream,
     )
     async with run_server(
         app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc

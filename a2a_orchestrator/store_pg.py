@@ -4,7 +4,7 @@ The same store as `store.Store` (sessions, children, events, turn usage,
 subscriptions, runners, the tool-call journal), with the same contract, in
 a PostgreSQL database several orchestrator processes share; plus session
 leases (`session_leases`), which say which replica runs each session
-(`leases.py`).
+(`session_leases.py`).
 
 Contract (what differs from the SQLite store, and why):
 - One asyncpg connection per store (the driver a2a-sdk's PostgreSQL task
@@ -107,7 +107,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
     (
         "m002_session_leases",
-        # Which replica runs each open session, until when (`leases.py`).
+        # Which replica runs each open session, until when (`session_leases.py`).
         """
         CREATE TABLE session_leases (
             session_id TEXT PRIMARY KEY, owner TEXT NOT NULL, url TEXT NOT NULL,

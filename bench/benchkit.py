@@ -15,10 +15,16 @@ from typing import Any
 
 
 def start_servers(
-    count: int, work: Path, script: Sequence[dict[str, Any]], *, role: str = "coder"
+    count: int,
+    work: Path,
+    script: Sequence[dict[str, Any]],
+    *,
+    role: str = "coder",
+    db: str | None = None,
 ) -> tuple[list[subprocess.Popen[str]], list[str]]:
     """`count` role servers, each `a2a-orchestrator serve ROLE` in its own
-    process with `script` as its scripted model; their processes and URLs."""
+    process with `script` as its scripted model; their processes and URLs.
+    Each has its own SQLite file, or all share the database `db` (replicas)."""
     script_file = work / "server-script.json"
     script_file.write_text(json.dumps(list(script)))
     env = {
@@ -43,7 +49,7 @@ def start_servers(
                     "--port",
                     "0",
                     "--db",
-                    str(work / f"role-{index}.db"),
+                    db or str(work / f"role-{index}.db"),
                     "--workdir",
                     str(work),
                 ],

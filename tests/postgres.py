@@ -18,12 +18,13 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-__all__ = ["Postgres", "pg_bin", "postgres"]
+__all__ = ["Postgres", "Unavailable", "pg_bin", "postgres", "running_postgres"]
 
 USER = "a2a"
 
@@ -68,20 +69,26 @@ class Postgres:
         return name
 
 
+class Unavailable(Exception):
+    """This machine cannot run a throwaway PostgreSQL (the reason says why)."""
+
+
 def _as_postgres(command: list[str]) -> list[str]:
     if os.geteuid() != 0:
         return command
     runuser = shutil.which("runuser")
     if runuser is None:
-        pytest.skip("PostgreSQL cannot run as root and runuser (util-linux) is missing")
+        raise Unavailable("PostgreSQL cannot run as root and runuser (util-linux) is missing")
     return [runuser, "-u", "postgres", "--", *command]
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Postgres]:
+@contextmanager
+def running_postgres() -> Iterator[Postgres]:
+    """A throwaway PostgreSQL server until the block exits; `Unavailable`
+    when this machine cannot run one (the fixture skips, a bench stops)."""
     bin_dir = pg_bin()
     if bin_dir is None:
-        pytest.skip("needs a PostgreSQL server (Debian package postgresql)")
+        raise Unavailable("needs a PostgreSQL server (Debian package postgresql)")
     # Not under pytest's tmp dir: that is private to root, and the server
     # runs as the postgres user when the tests run as root.
     base = Path(tempfile.mkdtemp(prefix="a2a-pg-"))
@@ -90,33 +97,44 @@ def postgres() -> Iterator[Postgres]:
     data.mkdir()
     if os.geteuid() == 0:
         shutil.chown(data, "postgres", "postgres")
-    subprocess.run(
-        _as_postgres(
-            [str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8"]
-        ),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    port = _free_port()
-    options = (
-        f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c max_connections=300"
-        # A throwaway server: durability across a power cut is not tested.
-        " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    )
-    start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "log")]
-    subprocess.run(
-        _as_postgres([*start, "-w", "start"]),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
     try:
-        yield Postgres(host="127.0.0.1", port=port, bin=bin_dir)
-    finally:
         subprocess.run(
-            _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            _as_postgres(
+                [str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8"]
+            ),
+            check=True,
             capture_output=True,
-            timeout=60,
+            timeout=120,
         )
+        port = _free_port()
+        options = (
+            f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c max_connections=300"
+            # A throwaway server: durability across a power cut is not tested.
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
+        start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "log")]
+        subprocess.run(
+            _as_postgres([*start, "-w", "start"]),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        try:
+            yield Postgres(host="127.0.0.1", port=port, bin=bin_dir)
+        finally:
+            subprocess.run(
+                _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+                capture_output=True,
+                timeout=60,
+            )
+    finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    try:
+        with running_postgres() as server:
+            yield server
+    except Unavailable as exc:
+        pytest.skip(str(exc))

@@ -36,6 +36,9 @@ FIGURES = {
         r"local\s+on - off, medians: wall [+-][\d.]+ ms",
         r"remote\s+on - off, medians: wall [+-][\d.]+ ms .* cpu [+-][\d.]+ ms",
     ],
+    "replicas.py": [
+        rf"{n} replica\(s\): 20 children in\s+[\d.]+ s,\s+[\d.]+ children/s" for n in (1, 2, 3)
+    ],
     "trials.py": [r"SIGKILL trials: 2 \(1 orchestrator, 1 role server\).*lost 0, re-run 0"],
 }
 

@@ -1,0 +1,153 @@
+"""`SharedToolJournal`: the tool-call journal in the replicas' shared database.
+
+The same rows and the same at-most-once rule as `journal.ToolJournal` (a
+call's start is recorded before it runs; an open row after a crash is a call
+that may have run, and is never run again silently), but in PostgreSQL,
+where every replica of the role reads and writes them: the replica that
+adopts a dead replica's conversation finds that replica's open calls.
+
+Recovery is by conversation, not at start-up: a replica never closes
+another's open calls because their process is not local (it may run on
+another machine). A conversation's open calls are recovered by the replica
+that took its lease (`task_leases.py`), which proves nobody else runs it: they
+are closed as interrupted, and what they left running is ended when it runs
+on this machine (the same boot; `procs.end_leftovers` checks each process
+group's start time).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid as uuidlib
+from typing import Any
+
+import anyio.to_thread
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .journal import JournalRow, ToolJournal, _boot_id, _runner
+from .models.base import ToolCall
+from .procs import end_leftovers
+
+__all__ = ["SharedToolJournal"]
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS tool_calls ("
+    "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
+    "arguments TEXT NOT NULL, runner_pid BIGINT NOT NULL, runner_ticks BIGINT NOT NULL, "
+    "runner_boot TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL, pgid BIGINT, "
+    "pgid_ticks BIGINT, finished_at DOUBLE PRECISION, outcome TEXT)",
+    "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL",
+)
+
+
+class SharedToolJournal(ToolJournal):
+    """The `tool_calls` table on an SQLAlchemy async engine (PostgreSQL).
+
+    A `ToolJournal` to the runtime (`scoped`, `started`, `process`,
+    `finished`, `interrupted_calls`); only storage and recovery differ."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        # No SQLite file: the base class's storage is replaced wholesale.
+        self.engine = engine
+        self._own = False
+
+    async def create(self) -> None:
+        """Create the table and its index (idempotent)."""
+        async with self.engine.begin() as conn:
+            for statement in _SCHEMA:
+                await conn.execute(text(statement))
+
+    def close(self) -> None:
+        """Nothing to close: the engine belongs to the replica's stores."""
+
+    async def _execute(self, sql: str, params: dict[str, Any]) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(text(sql), params)
+
+    async def started(self, scope: str, call: ToolCall) -> str:
+        marker = uuidlib.uuid4().hex
+        pid, ticks, boot = _runner()
+        await self._execute(
+            "INSERT INTO tool_calls (marker, scope, call_id, tool, arguments, runner_pid, "
+            "runner_ticks, runner_boot, started_at) VALUES (:marker, :scope, :call_id, :tool, "
+            ":arguments, :pid, :ticks, :boot, :at)",
+            {
+                "marker": marker,
+                "scope": scope,
+                "call_id": call.id,
+                "tool": call.name,
+                "arguments": json.dumps(call.arguments),
+                "pid": pid,
+                "ticks": ticks,
+                "boot": boot,
+                "at": time.time(),
+            },
+        )
+        return marker
+
+    async def process(self, marker: str, pgid: int, ticks: int) -> None:
+        await self._execute(
+            "UPDATE tool_calls SET pgid = :pgid, pgid_ticks = :ticks WHERE marker = :marker",
+            {"pgid": pgid, "ticks": ticks, "marker": marker},
+        )
+
+    async def finished(self, marker: str, outcome: str = "done") -> None:
+        await self._execute(
+            "UPDATE tool_calls SET finished_at = :at, outcome = :outcome WHERE marker = :marker",
+            {"at": time.time(), "outcome": outcome, "marker": marker},
+        )
+
+    async def _select(self, where: str, params: dict[str, Any]) -> list[JournalRow]:
+        sql = f"SELECT * FROM tool_calls WHERE {where} ORDER BY started_at"
+        async with self.engine.connect() as conn:
+            result = await conn.execute(text(sql), params)
+            rows = [dict(row._mapping) for row in result]
+        return [
+            JournalRow(
+                marker=row["marker"],
+                scope=row["scope"],
+                call_id=row["call_id"],
+                tool=row["tool"],
+                arguments=json.loads(row["arguments"]),
+                runner_pid=row["runner_pid"],
+                runner_ticks=row["runner_ticks"],
+                runner_boot=row["runner_boot"],
+                pgid=row["pgid"],
+                pgid_ticks=row["pgid_ticks"],
+            )
+            for row in rows
+        ]
+
+    async def unfinished(self, scope: str | None = None) -> list[JournalRow]:
+        if scope is None:
+            return await self._select("finished_at IS NULL", {})
+        return await self._select("finished_at IS NULL AND scope = :scope", {"scope": scope})
+
+    async def interrupted_calls(self, scope: str) -> list[JournalRow]:
+        where = "scope = :scope AND (finished_at IS NULL OR outcome = 'interrupted')"
+        return await self._select(where, {"scope": scope})
+
+    async def recover(self, scope: str | None = None) -> list[JournalRow]:
+        """Close the open calls of `scope`, a conversation whose lease this
+        replica holds, as interrupted (ending what they left running here).
+
+        Without a scope (a server starting) nothing is recovered: the open
+        calls of other replicas are theirs while their leases live."""
+        if scope is None:
+            return []
+        rows = await self.unfinished(scope)
+        if not rows:
+            return []
+        boot = _boot_id()
+        groups = [
+            (row.pgid or 0, row.pgid_ticks or 0, row.marker)
+            for row in rows
+            if row.runner_boot == boot
+        ]
+        if groups:
+            await anyio.to_thread.run_sync(end_leftovers, groups)
+        for row in rows:
+            await self.finished(row.marker, "interrupted")
+        return rows
