@@ -411,11 +411,20 @@ class Session:
         await self._watchers.publish(handle, event, after)
 
     async def wait_all(self) -> dict[str, ChildEvent]:
-        """Wait until every child is settled; their last turn's outcomes."""
+        """Wait until every child is settled and the watchers have dealt with
+        their events; their last turn's outcomes."""
         results: dict[str, ChildEvent] = {}
         for child_id, handle in list(self._children.items()):
             results[child_id] = await handle.wait()
+        await self.drain()
         return results
+
+    async def drain(self) -> None:
+        """Wait until every watcher (listeners, supervisors, reactions, the
+        delivery to parents) has dealt with every event stored so far: they
+        run beside the children, so a child's result can be in before they
+        have reacted to it."""
+        await self._watchers.drained()
 
     # -- budgets and policy ---------------------------------------------------------
 

@@ -69,8 +69,9 @@ _Item = tuple["ChildHandle", ChildEvent, _Countdown]
 
 
 class _Watcher:
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Listener, handled: Callable[[], None]) -> None:
         self.listener = listener
+        self.handled = handled
         self.send: MemoryObjectSendStream[_Item]
         self.receive: MemoryObjectReceiveStream[_Item]
         self.send, self.receive = anyio.create_memory_object_stream[_Item](WATCHER_BUFFER)
@@ -89,6 +90,7 @@ class _Watcher:
                         "watcher failed on %s of child %s", event.kind, handle.child_id
                     )
                 await countdown.done()
+                self.handled()
 
 
 class Watchers:
@@ -98,6 +100,10 @@ class Watchers:
         self._watchers: list[_Watcher] = []
         self._taps: list[Tap] = []
         self._tg: TaskGroup | None = None
+        self._pending = 0
+        """Events handed to watchers that they have not dealt with yet."""
+        self._idle = anyio.Event()
+        self._idle.set()
 
     def start(self, tg: TaskGroup) -> None:
         """Run the watchers' tasks in `tg` (the session's), now and from now on."""
@@ -110,10 +116,21 @@ class Watchers:
             watcher.started = True
             self._tg.start_soon(watcher.consume, name="watcher")
 
+    def _handled(self) -> None:
+        self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
+
+    async def drained(self) -> None:
+        """Return once every watcher has dealt with every event published so
+        far (and with those published meanwhile)."""
+        while self._pending:
+            await self._idle.wait()
+
     def add(self, listener: Listener) -> Callable[[], None]:
         """Feed `listener` every event published from now on; returns a
         function that removes it."""
-        watcher = _Watcher(listener)
+        watcher = _Watcher(listener, self._handled)
         self._watchers.append(watcher)
         self._run(watcher)
         return lambda: self._detach(watcher)
@@ -151,6 +168,9 @@ class Watchers:
         for watcher in watchers:
             try:
                 watcher.send.send_nowait((handle, event, countdown))
+                if self._pending == 0:
+                    self._idle = anyio.Event()
+                self._pending += 1
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._detach(watcher)  # its task ended (the session is closing)
                 await countdown.done()

@@ -320,6 +320,7 @@ async def test_inject_templates_run_in_a_sandbox(tmp_path: Path) -> None:
             )
             pid = (await supervisor.spawn("coder", "remember"))["pid"]
             result = await session.children[pid].result()
+            await session.drain()  # the supervisor reacts beside the child
             stored = await session.store.events(session.id)
     injected = [e for e in stored if e.kind == "inject"]
     refused = [e.payload["error"] for e in stored if e.kind == "inject_failed"]
