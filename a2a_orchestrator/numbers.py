@@ -19,9 +19,9 @@ types have no float fields of their own for this to blur. Values outside
 `metadata` and `data` (a JSON-RPC `id`, protobuf's own ints) are untouched.
 
 The rewrite is cheap where there is nothing to do: a document is parsed
-only if its bytes hold a digit, `.0` and a delimiter (what `json.dumps`
-writes for a whole float), and sent re-encoded only if a number changed;
-otherwise the SDK's bytes go out unchanged (`bench/numbers.py` measures
+only if its bytes hold `.0` and a delimiter (how `json.dumps` writes a
+whole float ends), and sent re-encoded only if a number changed;
+otherwise the SDK's bytes go out unchanged (`bench/integers.py` measures
 both cases).
 """
 
@@ -40,8 +40,10 @@ __all__ = ["IntegralNumbers", "integral_json", "integral_routes"]
 
 _STRUCT_KEYS = frozenset({"metadata", "data"})
 _EXACT = 2.0**53
-# A whole float as `json.dumps` writes it: `565.0` then a delimiter.
-_CANDIDATE = re.compile(rb"\d\.0[,}\]\s]")
+# A whole float as `json.dumps` writes it ends in `.0` then a delimiter. No
+# digit before it in the pattern: a leading `\d` makes the search try every
+# digit of a text, 15 times slower on a tool's output.
+_CANDIDATE = re.compile(rb"\.0[,}\]\s]")
 _LINE_ENDS = re.compile(rb"(\r\n|\r|\n)")
 _DATA = b"data:"
 
@@ -139,7 +141,7 @@ class _Sender:
                 chunk = chunk[:end]
             if not chunk:
                 return
-        if _CANDIDATE.search(chunk) is not None:
+        if b".0" in chunk and _CANDIDATE.search(chunk) is not None:
             chunk = _integral_lines(chunk)
         await self._send({"type": "http.response.body", "body": chunk, "more_body": more})
 
@@ -177,7 +179,7 @@ def integral_json(document: bytes) -> bytes | None:
     """`document` (JSON) re-encoded with the whole floats inside its
     `metadata` and `data` values as ints; None when there are none (or it
     is not JSON), so the caller keeps the bytes it has."""
-    if _CANDIDATE.search(document) is None:
+    if b".0" not in document or _CANDIDATE.search(document) is None:
         return None
     try:
         value = json.loads(document)
