@@ -75,6 +75,7 @@ from .middleware import (
     auth_error,
 )
 from .models.base import Model
+from .numbers import integral_routes
 from .overrides import offered_models
 from .push import PushPolicy, PushService
 from .quotas import QuotaContextBuilder, Quotas, RefusalMiddleware
@@ -459,6 +460,8 @@ def build_app(
     ]
     # Bad input gets the spec's error where the SDK's routes answer 500.
     routes = guard_routes(routes, rpc_path="/", rest_prefix=REST_PREFIX)
+    # Whole numbers in metadata and data parts go out as JSON integers.
+    routes = integral_routes(routes, rpc_path="/", rest_prefix=REST_PREFIX)
     middleware = [
         Middleware(
             BodyLimitMiddleware,

@@ -30,6 +30,10 @@ FIGURES = {
         r"server 1\s+RSS before .* per child\s+-?[\d.]+ KiB",
     ],
     "relay.py": [r"local\s+\d+ events: events/s min\s+\d+", r"remote\s+\d+ events: events/s"],
+    "integers.py": [
+        r"text delta \(SSE\)\s+[\d,]+ bytes\s+added cpu per frame min\s+-?[\d.]+ us",
+        r"GetTask, 200 events \(JSON\)\s+[\d,]+ bytes.*SDK making it\s+[\d.]+ us",
+    ],
     "races.py": [r"races: 500 trials, 0 escaped"],
     "tracing_cost.py": [
         r"span\s+off\s+[\d.]+ us",
