@@ -18,7 +18,8 @@ otherwise (a call in a thread holds the connection, another process holds
 the lock) it goes to a worker thread and waits there as before. Under
 synchronous=NORMAL a WAL commit does not sync; the sync is the checkpoint's,
 so the connection makes no automatic checkpoints and `write` runs a passive
-one in a worker thread every `CHECKPOINT_EVERY` commits.
+one in a worker thread every `CHECKPOINT_EVERY` commits (a file nobody
+calls `write` on keeps SQLite's automatic checkpoints).
 """
 
 from __future__ import annotations
@@ -58,13 +59,11 @@ class SQLiteFile:
             )
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
-            # Checkpoints (the syncs) run in a worker thread: see `write`.
-            self.conn.execute("PRAGMA wal_autocheckpoint=0")
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"cannot open {what} {self.path}: {exc}") from exc
         self._lock = threading.Lock()
         self._closed = False
-        self._commits = 0
+        self._commits: int | None = None  # None: SQLite's own checkpoints
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` in a worker thread, alone on the connection."""
@@ -86,44 +85,50 @@ class SQLiteFile:
         worker thread (see the module docstring). On an error `fn` raised,
         the transaction is rolled back and the error raised (a sqlite3 error
         as `StoreError`). Never cancelled midway: it is done when it returns."""
-        done, result = self._write_here(fn)
-        if done:
+        if self._commits is None:
+            # From the first `write` on, checkpoints (the syncs) run in a
+            # worker thread, never in a commit made on the event loop.
+            await self.run(lambda: self.conn.execute("PRAGMA wal_autocheckpoint=0"))
+            self._commits = 0
+        written = self._write_here(fn)
+        if written is not None:
+            result = written[0]
             # Written without a thread hop: still let other tasks run (a
             # child emitting in a loop must not starve its relay), without
             # a cancellation that would hide a write that is done.
             await anyio.lowlevel.cancel_shielded_checkpoint()
         else:
             result = await self.run(lambda: _transaction(self.conn, fn, immediate=False))
-        self._commits += 1
+        self._commits = (self._commits or 0) + 1
         if self._commits >= CHECKPOINT_EVERY:
             self._commits = 0
             with anyio.CancelScope(shield=True):
                 await self.run(self._checkpoint)
         return result
 
-    def _write_here(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
-        """`(True, result)` when written here, `(False, None)` when the
-        connection or the file's write lock is busy (nothing was written)."""
+    def _write_here(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T] | None:
+        """`(result,)` when written here, None when the connection or the
+        file's write lock is busy (nothing was written)."""
         if not self._lock.acquire(blocking=False):
-            return False, None
+            return None
         try:
             if self._closed:
                 raise ConfigError(f"{self.what} {self.path} is closed")
             conn = self.conn
             if conn.in_transaction:  # not ours to commit: left to the thread path
-                return False, None
+                return None
             conn.execute("PRAGMA busy_timeout = 0")
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code
                 if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                    return False, None  # another process writes: wait in a thread
+                    return None  # another process writes: wait in a thread
                 raise StoreError(f"{self.what} {self.path}: {exc}") from exc
             finally:
                 conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
             try:
-                return True, _transaction(conn, fn, immediate=True)
+                return (_transaction(conn, fn, immediate=True),)
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.what} {self.path}: {exc}") from exc
         finally:
