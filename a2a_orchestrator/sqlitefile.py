@@ -19,7 +19,8 @@ the lock) it goes to a worker thread and waits there as before. Under
 synchronous=NORMAL a WAL commit does not sync; the sync is the checkpoint's,
 so the connection makes no automatic checkpoints and `write` runs a passive
 one in a worker thread every `CHECKPOINT_EVERY` commits (a file nobody
-calls `write` on keeps SQLite's automatic checkpoints).
+calls `write` on keeps SQLite's automatic checkpoints). Reads bounded by
+an index (`read`) run here the same way: under WAL a read waits for no lock.
 """
 
 from __future__ import annotations
@@ -133,6 +134,23 @@ class SQLiteFile:
                 raise StoreError(f"{self.what} {self.path}: {exc}") from exc
         finally:
             self._lock.release()
+
+    async def read(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (a read bounded by an index: it waits for no lock under
+        WAL) here when the connection is free, else in a worker thread."""
+        if not self._lock.acquire(blocking=False):
+            return await self.run(fn)
+        try:
+            if self._closed:
+                raise ConfigError(f"{self.what} {self.path} is closed")
+            try:
+                result = fn()
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.what} {self.path}: {exc}") from exc
+        finally:
+            self._lock.release()
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+        return result
 
     def _checkpoint(self) -> None:
         self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
