@@ -117,6 +117,10 @@ class _Queued(NamedTuple):
     """None continues an interrupted turn (crash recovery)."""
     recorded: bool
     """Its row is stored already (given while idle, or steering handed back)."""
+    marked_running: bool = False
+    """Its row also set the child's status running, and no turn can end
+    before this one starts (it was given while idle, nothing queued): the
+    turn need not write that status again."""
 
 
 CANCELED_TEXT = "canceled by request"
@@ -489,7 +493,10 @@ class ChildHandle:
             recorded = not self._active
             if recorded:
                 await self._store(Input(text=text))
-            self._queue(_Queued(text, recorded))
+            # Idle with nothing queued: the turn this opens is the next one,
+            # so the row says running from the input's own write until then.
+            marked = recorded and not self._pending
+            self._queue(_Queued(text, recorded, marked_running=marked))
 
     async def steer(self, text: str) -> Literal["steer", "turn"]:
         """Give the child `text` exactly once, and store it before returning:
@@ -639,7 +646,7 @@ class ChildHandle:
                 if not self._pending:
                     self._inputs.release()
                     continue  # cancelled while an input was being stored
-                text, recorded = self._pending.pop(0)
+                text, recorded, marked_running = self._pending.pop(0)
                 self._active = True
                 self._set_status("running")
                 self._turn += 1
@@ -649,7 +656,7 @@ class ChildHandle:
                     try:
                         # Under the lock: no input given meanwhile is stored
                         # ahead of the one this turn reads first.
-                        if text is not None:
+                        if text is not None and not marked_running:
                             await self._store(Input(text=text, recorded=recorded))
                     finally:
                         self._inputs.release()

@@ -10,7 +10,9 @@ Contract:
   once that transaction is committed: what it wrote is on disk (as durable
   as the file's settings make it) and visible to every later read.
 - Writes that arrive while a commit is in flight wait for it, then go
-  together in the next one: one thread hop, one transaction. Order is kept:
+  together in the next one: one transaction, committed on the event loop
+  when the file is free (`SQLiteFile.write`), else in one worker-thread
+  hop. Order is kept:
   writes are applied in the order `write` was called.
 - Each write runs under its own savepoint: one that raises is rolled back
   alone and its caller gets the error (a sqlite3 error as `StoreError`);
@@ -81,7 +83,7 @@ class GroupWriter:
         try:
             # Shielded: the group holds other callers' writes.
             with anyio.CancelScope(shield=True):
-                await self._file.run(lambda: self._apply(batch))
+                await self._file.write(lambda conn: self._apply(batch, conn))
         except Exception as exc:  # the file failed (closed, or the commit did)
             for item in batch:
                 item.error = exc
@@ -92,24 +94,17 @@ class GroupWriter:
             committed, self._committed = self._committed, anyio.Event()
             committed.set()
 
-    def _apply(self, batch: list[_Write]) -> None:
-        """In the worker thread, under the file's lock: one transaction."""
-        conn = self._file.conn
-        if not conn.in_transaction:
-            conn.execute("BEGIN")
-        try:
-            for item in batch:
-                conn.execute("SAVEPOINT group_write")
-                try:
-                    item.result = item.fn(conn)
-                except Exception as exc:
-                    conn.execute("ROLLBACK TO group_write")
-                    item.error = self._translated(exc)
-                conn.execute("RELEASE group_write")
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+    def _apply(self, batch: list[_Write], conn: sqlite3.Connection) -> None:
+        """Under the file's lock, inside the group's one transaction (which
+        `SQLiteFile.write` begins and commits, here or in a worker thread)."""
+        for item in batch:
+            conn.execute("SAVEPOINT group_write")
+            try:
+                item.result = item.fn(conn)
+            except Exception as exc:
+                conn.execute("ROLLBACK TO group_write")
+                item.error = self._translated(exc)
+            conn.execute("RELEASE group_write")
 
     def _translated(self, exc: Exception) -> BaseException:
         if isinstance(exc, sqlite3.Error):

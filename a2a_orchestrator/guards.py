@@ -75,25 +75,32 @@ def _rewrapped(route: Route, endpoint: Endpoint) -> Route:
     return Route(route.path, endpoint, methods=methods, name=route.name)
 
 
+def _parsed(body: bytes) -> tuple[Any, str | None]:
+    """`body`'s JSON document and None, or why it is not one."""
+    try:
+        return json.loads(body.decode("utf-8")), None
+    except UnicodeDecodeError as exc:
+        return None, f"the body is not UTF-8: {exc}"
+    except RecursionError:
+        return None, "the body's JSON is nested too deeply"
+    except ValueError as exc:
+        return None, f"the body is not JSON: {exc}"
+
+
 def _json_problem(body: bytes) -> str | None:
     """Why `body` is not a JSON document, or None."""
-    try:
-        json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return f"the body is not UTF-8: {exc}"
-    except RecursionError:
-        return "the body's JSON is nested too deeply"
-    except ValueError as exc:
-        return f"the body is not JSON: {exc}"
-    return None
+    return _parsed(body)[1]
 
 
 def _jsonrpc_guard(endpoint: Endpoint) -> Endpoint:
     async def guarded(request: Request) -> Response:
-        problem = _json_problem(await request.body())
+        document, problem = _parsed(await request.body())
         if problem is not None:
             error = build_error_response(None, JSONParseError(message=problem))
             return JSONResponse(error, status_code=200)  # JSON-RPC errors ride on 200
+        # Parsed once: the SDK reads the body with `request.json()`, which
+        # returns what starlette cached here instead of parsing it again.
+        request._json = document
         return await endpoint(request)
 
     return guarded

@@ -138,14 +138,10 @@ class ToolJournal:
         return CallJournal(self, scope)
 
     def _write(self, sql: str, params: Iterable[Any]) -> Any:
-        conn = self._file.conn
         values = list(params)
-
-        def write() -> None:
-            with conn:
-                conn.execute(sql, values)
-
-        return self._file.run(write)
+        # On the event loop when the file is free (`SQLiteFile.write`): a
+        # journaled call makes two of these on its critical path.
+        return self._file.write(lambda conn: conn.execute(sql, values))
 
     async def started(self, scope: str, call: ToolCall) -> str:
         marker = uuidlib.uuid4().hex

@@ -35,12 +35,15 @@ def lookup_dirs(
     *,
     cwd: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
+    distinct: bool = True,
 ) -> list[Path]:
     """The lookup directories for `kind`, highest priority first.
 
     Directories that do not exist are listed all the same; lookup skips
     them. A directory reached twice (running from the repository root makes
-    `./<kind>/` the shipped one) is listed once.
+    `./<kind>/` the shipped one) is listed once; with `distinct=False` it
+    may be listed twice (a first-hit lookup finds the same file either way,
+    without resolving every directory's path).
     """
     base = Path.cwd() if cwd is None else Path(cwd)
     user_home = Path.home() if home is None else Path(home)
@@ -50,6 +53,8 @@ def lookup_dirs(
         user_home / ".config" / "a2a-orchestrator" / kind,
         shipped_dir(kind),
     ]
+    if not distinct:
+        return candidates
     seen: set[Path] = set()
     dirs: list[Path] = []
     for directory in candidates:

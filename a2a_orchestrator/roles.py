@@ -207,12 +207,13 @@ def find_role(
     when the file found is malformed.
     """
     validate_role_name(name)
-    dirs = role_dirs(cwd, home)
-    for directory in dirs:
+    # Every spawn looks its role up: the first hit wins, so the directories
+    # are not resolved to drop a repeat (four realpaths a spawn).
+    for directory in lookup_dirs("roles", cwd=cwd, home=home, distinct=False):
         path = _role_file_in(directory, name)
         if path is not None:
             return load_role_file(path)
-    raise RoleNotFoundError(name, sorted(_index(dirs)))
+    raise RoleNotFoundError(name, sorted(_index(role_dirs(cwd, home))))
 
 
 def list_roles(
@@ -326,6 +327,8 @@ def _parse_role_file(path: Path) -> Role:
 
 
 def _role_file_in(directory: Path, name: str) -> Path | None:
+    if not directory.is_dir():
+        return None  # one stat for a missing directory, not one per suffix
     for suffix in _SUFFIXES:
         candidate = directory / f"{name}{suffix}"
         if candidate.is_file():

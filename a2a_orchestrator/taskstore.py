@@ -4,8 +4,10 @@ Why not the SDK's `DatabaseTaskStore` for a role server's own file: through
 SQLAlchemy's async layer and aiosqlite, each save or get costs about 2 ms
 here, and the SDK saves the task on every event, so a five-event turn spent
 ~40 ms in the store (bench/delegation.py). This store keeps each task as its
-protobuf bytes in one row and runs plain sqlite3 in a worker thread: a few
-hundred microseconds a call. For PostgreSQL, or several replicas on one
+protobuf bytes in one row and runs plain sqlite3: a few hundred
+microseconds a call in a worker thread, and its writes and indexed reads
+run on the event loop when the file is free (`SQLiteFile.write`, `read`),
+saving the thread hop. For PostgreSQL, or several replicas on one
 database, pass an SQLAlchemy URL and the server uses `DatabaseTaskStore`.
 
 Saves: a2a-sdk saves the whole task on every event, so each save grows with
@@ -239,7 +241,7 @@ class SQLiteTaskStore(TaskStore):
         rows = [*self._take_held(), row]
         try:
             # Whether the row is this owner's (another's is left unchanged).
-            ours = await self._run(lambda: self._write(rows) == 1)
+            ours = await self._file.write(lambda conn: self._write(rows) == 1)
         except BaseException:
             for held in rows[:-1]:
                 self._held.setdefault(held[0], held)
@@ -268,7 +270,7 @@ class SQLiteTaskStore(TaskStore):
             return
         self._writing = rows
         try:
-            await self._run(lambda: self._write(rows))
+            await self._file.write(lambda conn: self._write(rows))
         except Exception:
             if self._closed:
                 return  # close wrote them
@@ -292,7 +294,7 @@ class SQLiteTaskStore(TaskStore):
                 "SELECT data, owner, state FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
 
-        found = await self._run(read)
+        found = await self._file.read(read)
         if task_id in self._known or task_id in self._absent:
             # Saved meanwhile: memory is newer than what was read.
             return await self.get(task_id, context)
@@ -355,7 +357,10 @@ class SQLiteTaskStore(TaskStore):
             ).fetchall()
             return int(total), rows
 
-        total, rows = await self._run(query)
+        # A listing by context reads by its index: on the loop when it can
+        # (the executor lists a context's tasks at every turn's start).
+        run = self._file.read if params.context_id and not held else self._run
+        total, rows = await run(query)
         more = len(rows) > page_size
         rows = rows[:page_size]
         return ListTasksResponse(
@@ -376,7 +381,9 @@ class SQLiteTaskStore(TaskStore):
                 "SELECT DISTINCT owner FROM tasks WHERE context_id = ?", (context_id,)
             ).fetchall()
 
-        return {owner for (owner,) in await self._run(query)}
+        # By the context's index: on the loop when it can (every new message asks).
+        run = self._file.read if not held else self._run
+        return {owner for (owner,) in await run(query)}
 
     async def unfinished(self) -> builtins.list[tuple[Task, str]]:
         """Tasks still submitted or working, with their owners (start-up recovery)."""

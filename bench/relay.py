@@ -1,10 +1,17 @@
 """Child-event relay: events per second a parent receives from one busy child.
 
-    python bench/relay.py [--rounds 5] [--turns 10] [--calls 100] [--quick]
+    python bench/relay.py [--rounds 5] [--turns 10] [--calls 100] [--tool none] [--quick]
 
 A scripted model makes `--calls` tool calls (`read_file` of a small file) in
 each of `--turns` turns, then answers: every call is a ToolCalled and a
-ToolResult event, each stored by the orchestrator and relayed. The parent
+ToolResult event, each stored by the orchestrator and relayed. `--tool none`
+calls a tool no role has instead: the child answers each call at once
+("Unknown tool"), with no journal rows and no file read, so the figure is
+the relay's own (store, announce, wire) for a stream of small events, which
+is what the goal means; with `read_file` each event pair also carries a
+tool's work (two journal writes and a file read in a worker thread).
+Message deltas are no such stream: a child coalesces them to one per 50 ms
+(`runtime.DELTA_INTERVAL`) and stores none. The parent
 counts what reaches it through `Session.relay()` from the spawn to the
 child's Done, for an in-process child (local) and a child on a role server
 in its own process (remote, `a2a-orchestrator serve coder`), interleaved in
@@ -34,8 +41,11 @@ from a2a_orchestrator.store import Store
 GOALS = {"local": 20_000, "remote": 5_000}
 
 
-def busy_script(turns: int, calls: int) -> list[dict[str, Any]]:
-    call = {"name": "read_file", "arguments": {"path": "note.txt"}}
+def busy_script(turns: int, calls: int, tool: str = "read_file") -> list[dict[str, Any]]:
+    if tool == "none":
+        call: dict[str, Any] = {"name": "no_such_tool", "arguments": {}}
+    else:
+        call = {"name": "read_file", "arguments": {"path": "note.txt"}}
     return [{"tool_calls": [call] * calls} for _ in range(turns)] + [{"text": "done"}]
 
 
@@ -58,10 +68,10 @@ async def relayed(session: Session, agent: str) -> tuple[int, float, float]:
         return count, time.perf_counter() - started, time.process_time() - used
 
 
-async def main(rounds: int, turns: int, calls: int) -> None:
+async def main(rounds: int, turns: int, calls: int, tool: str) -> None:
     work = Path(tempfile.mkdtemp(prefix="a2a-relay-"))
     (work / "note.txt").write_text("a short note\n")
-    script = busy_script(turns, calls)
+    script = busy_script(turns, calls, tool)
     processes, urls = start_servers(1, work, script)
     try:
         model = ScriptedModel(script)
@@ -94,7 +104,8 @@ async def main(rounds: int, turns: int, calls: int) -> None:
         stop_servers(processes)
     print(
         f"relay: {rounds} rounds, one child each, {turns} turns x {calls} tool calls"
-        " (read_file), counted through Session.relay()"
+        f" ({'read_file' if tool == 'read_file' else 'of no tool: small events only'}),"
+        " counted through Session.relay()"
     )
     print(f"machine: {machine_line()}")
     for agent, samples in rates.items():
@@ -117,6 +128,13 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5, help="rounds of local then remote")
     parser.add_argument("--turns", type=int, default=10, help="model turns with tool calls")
     parser.add_argument("--calls", type=int, default=100, help="tool calls per turn")
+    parser.add_argument(
+        "--tool",
+        choices=("read_file", "none"),
+        default="read_file",
+        help="the tool called: read_file, or none (small events, no tool work)",
+    )
     parser.add_argument("--quick", action="store_true", help="3 rounds of 2x10 calls: smoke test")
     args = parser.parse_args()
-    anyio.run(main, *((3, 2, 10) if args.quick else (args.rounds, args.turns, args.calls)))
+    sizes = (3, 2, 10) if args.quick else (args.rounds, args.turns, args.calls)
+    anyio.run(main, *sizes, args.tool)

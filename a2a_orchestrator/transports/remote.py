@@ -92,7 +92,7 @@ from a2a.types import (
 )
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError, InvalidParamsError
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from google.protobuf.json_format import MessageToDict
 
 from ..budgets import Budget
@@ -484,6 +484,7 @@ class RemoteRun:
                     for event in events:
                         await emit(event)
                     if self.decoder.finished_turn:
+                        await _drained(receive)
                         return True
             except anyio.EndOfStream:
                 return self.decoder.finished_turn
@@ -790,6 +791,17 @@ class RemoteRun:
             await self._client.close()
 
 
+async def _drained(receive: MemoryObjectReceiveStream[StreamResponse | Exception]) -> None:
+    """Read a finished turn's stream to its end (the server ends it right
+    after the turn's last frame), for `_DRAIN_LIMIT` seconds at most: a
+    response read to its end gives its connection back to the pool, one
+    closed before drops it, and the next turn would connect again."""
+    with anyio.move_on_after(_DRAIN_LIMIT):
+        with contextlib.suppress(anyio.EndOfStream):
+            while not isinstance(await receive.receive(), Exception):
+                pass  # nothing after the turn's last frame is the turn's
+
+
 async def _read(
     responses: AsyncIterator[StreamResponse],
     send: MemoryObjectSendStream[StreamResponse | Exception],
@@ -811,6 +823,9 @@ async def _read(
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             await responses.aclose()  # type: ignore[attr-defined]
 
+
+_DRAIN_LIMIT = 0.25
+"""Seconds a finished turn's stream may take to end before it is closed."""
 
 _WAITING = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
 
