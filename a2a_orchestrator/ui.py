@@ -395,11 +395,12 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
         if found is None:
             return Response("not found", status_code=404, headers=_HEADERS)
         record, child = found
-        after = _after(request)
-        if after is None:
+        resume = _after(request)
+        if resume is None:
             return Response(
                 "Last-Event-ID / after: not an event number", status_code=400, headers=_HEADERS
             )
+        after = resume
 
         async def chunks() -> AsyncIterator[str]:
             nonlocal after
