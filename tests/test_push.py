@@ -500,6 +500,31 @@ async def receiver_served(store: Store) -> AsyncIterator[PushReceiver]:
         tg.cancel_scope.cancel()
 
 
+async def test_the_webhook_endpoint_answers_400_to_a_body_that_is_not_a_frame(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "orchestrator.db")
+    deep = b"[" * 100_000 + b"]" * 100_000
+    deep_object = b'{"task": ' * 5000 + b"{}" + b"}" * 5000
+    bodies = [b"1", b"null", b'"text"', b"[]", b"true", deep, deep_object, b"{", b'{"task": 1}']
+    try:
+        with anyio.fail_after(30):
+            async with receiver_served(store) as receiver, httpx.AsyncClient() as http:
+                inbox = await receiver.open("c1")
+                headers = {"X-A2A-Notification-Token": inbox.token}
+                url = receiver.url_for("c1")
+                answers = [await http.post(url, content=body, headers=headers) for body in bodies]
+                status = {"state": "TASK_STATE_WORKING"}
+                frame = {"statusUpdate": {"taskId": "t1", "status": status}}
+                good = await http.post(url, json=frame, headers=headers)
+    finally:
+        store.close()
+    assert [a.status_code for a in answers] == [400] * len(bodies)
+    assert all("not a StreamResponse" in a.json()["error"] for a in answers)
+    assert good.status_code == 204 and receiver.accepted == 1
+    assert (await inbox.next()).status_update.task_id == "t1"
+
+
 async def test_kill_9_the_orchestrator_then_recovery_completes_the_push_child_once(
     tmp_path: Path,
 ) -> None:
