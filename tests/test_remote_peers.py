@@ -250,7 +250,7 @@ async def long_line_peer(body: bytes, chunk: int) -> AsyncIterator[str]:
 
     sock = bind_socket("127.0.0.1", 0)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, Starlette(routes=[Route("/", answer)]), sock)
+        await tg.start(serve, Starlette(routes=[Route("/", answer)]), sock)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
         tg.cancel_scope.cancel()
 
