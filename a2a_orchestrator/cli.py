@@ -305,6 +305,22 @@ def build_parser() -> argparse.ArgumentParser:
         "addresses, e.g. 10.0.0.0/8 (default: $A2A_PUSH_ALLOW; unset: public addresses only)",
     )
     serve.add_argument(
+        "--push-max-per-task",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="push notification configs one task may have, all callers' together "
+        "(default: $A2A_PUSH_MAX_PER_TASK or 10)",
+    )
+    serve.add_argument(
+        "--push-max-per-owner",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="push notification configs one caller may have, all tasks together "
+        "(default: $A2A_PUSH_MAX_PER_OWNER or 1000)",
+    )
+    serve.add_argument(
         "--lease-seconds",
         type=_positive,
         default=None,

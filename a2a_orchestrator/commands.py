@@ -434,7 +434,11 @@ async def _serve(args: argparse.Namespace) -> int:
         install_signal_handlers=True,
         grpc_port=_grpc_port(args),
         **metrics,
-        push_policy=PushPolicy.from_settings(args.push_allow),
+        push_policy=PushPolicy.from_settings(
+            args.push_allow,
+            max_per_task=args.push_max_per_task,
+            max_per_owner=args.push_max_per_owner,
+        ),
     )
     if args.role == "orchestrator":
         from .orchestrator import run_orchestrator_server

@@ -15,7 +15,7 @@ process (tests, `demo`) each see only their own work.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar
 
@@ -31,8 +31,9 @@ T = TypeVar("T")
 class Instruments(Protocol):
     """What a server watches in the conversations it runs."""
 
-    def event(self, role: str, model: str, event: ChildEvent) -> None:
-        """Every event a turn emits, as it emits it."""
+    def event(self, role: str, model: str, event: ChildEvent, tools: Collection[str] = ()) -> None:
+        """Every event a turn emits, as it emits it; `tools`: the names of the
+        tools the conversation has (a tool call may name any other)."""
 
     def model_call(
         self, role: str, model: str, seconds: float, usage: Usage, error: ModelError | None
@@ -45,15 +46,19 @@ _current: ContextVar[Instruments | None] = ContextVar("a2a_instruments", default
 
 
 def observed_emit(
-    emit: Callable[[ChildEvent], Awaitable[None]], role: str, model: str
+    emit: Callable[[ChildEvent], Awaitable[None]],
+    role: str,
+    model: str,
+    tools: Collection[str] = (),
 ) -> Callable[[ChildEvent], Awaitable[None]]:
-    """`emit`, telling the installed instruments of each event first."""
+    """`emit`, telling the installed instruments of each event first (and
+    the conversation's `tools`)."""
     instruments = _current.get()
     if instruments is None:
         return emit
 
     async def observed(event: ChildEvent) -> None:
-        instruments.event(role, model, event)
+        instruments.event(role, model, event, tools)
         await emit(event)
 
     return observed

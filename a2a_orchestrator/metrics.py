@@ -16,14 +16,17 @@ Each server counts the work done in its own process: a role server its
 role's turns, the orchestrator its parent agents' and in-process children's
 turns, so summing over servers counts every turn once. Label values come
 from the operator's configuration (roles, models, tools) and the SDK's task
-states; a tool name the model invented is counted as `other` once more than
-`MAX_TOOL_LABELS` names were seen, so no model can grow the series without bound.
+states. A tool call is labelled with its tool's name only when the
+conversation has that tool; a name the model invented is `other`, so no
+model chooses label values. Names are cut to `MAX_LABEL_LENGTH` characters,
+and past `MAX_TOOL_LABELS` distinct names (a library user's many tools) the
+rest are `other` too: the series stay bounded whatever runs.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 from a2a.server.context import ServerCallContext
@@ -40,10 +43,18 @@ from .errors import ModelError
 from .events import ChildEvent, Done, Failed, InputRequired, ToolResult
 from .models.base import Usage
 
-__all__ = ["MAX_TOOL_LABELS", "METRICS_PATH", "METRIC_NAMES", "Metrics", "running_children"]
+__all__ = [
+    "MAX_LABEL_LENGTH",
+    "MAX_TOOL_LABELS",
+    "METRICS_PATH",
+    "METRIC_NAMES",
+    "Metrics",
+    "running_children",
+]
 
 METRICS_PATH = "/metrics"
 MAX_TOOL_LABELS = 64
+MAX_LABEL_LENGTH = 64
 
 METRIC_NAMES = (
     "a2a_tasks_total",
@@ -160,9 +171,9 @@ class Metrics:
         if len(self._ended) > _REMEMBERED_ENDS:
             self._ended.popitem(last=False)
 
-    def event(self, role: str, model: str, event: ChildEvent) -> None:
+    def event(self, role: str, model: str, event: ChildEvent, tools: Collection[str] = ()) -> None:
         if isinstance(event, ToolResult):
-            tool = self._tool_label(event.tool)
+            tool = self._tool_label(event.tool, tools)
             self.tool_calls.labels(role, tool).inc()
             if not event.success:
                 self.tool_failures.labels(role, tool).inc()
@@ -181,13 +192,17 @@ class Metrics:
         if error is not None:
             self.model_errors.labels(role, model, error.kind).inc()
 
-    def _tool_label(self, tool: str) -> str:
-        if tool in self._tools:
-            return tool
+    def _tool_label(self, tool: str, tools: Collection[str]) -> str:
+        """`tool`'s label: its name (cut short) if the conversation has it."""
+        if tool not in tools:
+            return "other"
+        label = tool[:MAX_LABEL_LENGTH]
+        if label in self._tools:
+            return label
         if len(self._tools) >= MAX_TOOL_LABELS:
             return "other"
-        self._tools.add(tool)
-        return tool
+        self._tools.add(label)
+        return label
 
     # -- the endpoint -----------------------------------------------------------------
 

@@ -11,8 +11,11 @@ URL policy (`PushPolicy`): http and https only; the host is resolved and
 every address it has must be public, judged by a2a-sdk's
 `validate_push_notification_url` (loopback, link-local, private, shared,
 reserved, multicast and cloud metadata addresses are not), unless it lies
-in a network the operator allowed (`--push-allow`, `A2A_PUSH_ALLOW`). A
-refused URL is invalid params at registration (JSON-RPC -32602, HTTP 400).
+in a network the operator allowed (`--push-allow`, `A2A_PUSH_ALLOW`). An
+IPv6 address that carries an IPv4 one (6to4 2002::/16, Teredo 2001::/32,
+IPv4-compatible ::/96, NAT64 64:ff9b::/96) is judged as both: it may be
+routed to the IPv4 address it wraps. A refused URL is invalid params at
+registration (JSON-RPC -32602, HTTP 400).
 The check runs again before every delivery attempt, and the request then
 goes to an address that check just passed (the HTTP client does not
 resolve the name again; https still verifies the certificate against the
@@ -27,11 +30,16 @@ is final. A webhook that fails a delivery for good has the deliveries queued
 behind it for the same URL dropped too (logged): the receiver fills gaps
 with GetTask. No
 failure reaches the task.
+
+How many configs a server keeps, and how large, is `PushLimits`
+(`pushstore.py`; `--push-max-per-task`, `--push-max-per-owner`), carried
+by the policy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -54,7 +62,7 @@ from anyio.abc import TaskGroup
 from google.protobuf.json_format import MessageToDict
 
 from .errors import ConfigError
-from .pushstore import SQLitePushConfigStore, open_push_config_store
+from .pushstore import PushLimits, SQLitePushConfigStore, open_push_config_store
 
 __all__ = ["PUSH_ALLOW_ENV", "TOKEN_HEADER", "PushPolicy", "PushService", "WebhookSender"]
 
@@ -64,6 +72,28 @@ PUSH_ALLOW_ENV = "A2A_PUSH_ALLOW"
 TOKEN_HEADER = "X-A2A-Notification-Token"
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def _judged(ip: _IP) -> list[_IP]:
+    """The addresses a connection to `ip` may reach, each to be judged: an
+    IPv4-mapped address is its IPv4 address; 6to4, Teredo, IPv4-compatible
+    and NAT64 addresses are themselves and the IPv4 address they wrap."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return [ip]
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    found: list[_IP] = [ip]
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    if ip in _IPV4_COMPATIBLE or ip in _NAT64:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
 
 
 @dataclass(frozen=True)
@@ -72,6 +102,8 @@ class PushPolicy:
 
     allow: tuple[_Network, ...] = ()
     """Networks the operator allows although they are not public."""
+    limits: PushLimits = dataclasses.field(default_factory=PushLimits)
+    """How many configs the server keeps, and how large (`pushstore.py`)."""
 
     @classmethod
     def parse(cls, text: str) -> PushPolicy:
@@ -87,15 +119,34 @@ class PushPolicy:
         return cls(tuple(networks))
 
     @classmethod
-    def from_settings(cls, allow: str | None = None) -> PushPolicy:
-        """`allow` (the `--push-allow` flag), else `$A2A_PUSH_ALLOW`."""
-        return cls.parse(allow if allow is not None else os.environ.get(PUSH_ALLOW_ENV, ""))
+    def from_settings(
+        cls,
+        allow: str | None = None,
+        *,
+        max_per_task: int | None = None,
+        max_per_owner: int | None = None,
+    ) -> PushPolicy:
+        """`allow` (the `--push-allow` flag), else `$A2A_PUSH_ALLOW`; the
+        limits from `--push-max-per-task` / `--push-max-per-owner`, else
+        their environment variables (`PushLimits.from_settings`)."""
+        policy = cls.parse(allow if allow is not None else os.environ.get(PUSH_ALLOW_ENV, ""))
+        limits = PushLimits.from_settings(max_per_task, max_per_owner)
+        return dataclasses.replace(policy, limits=limits)
 
-    def _allowed(self, address: str) -> bool:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-        mapped = getattr(ip, "ipv4_mapped", None)
-        candidates = [ip] if mapped is None else [ip, mapped]
-        return any(c in net for c in candidates for net in self.allow if c.version == net.version)
+    def _allowed(self, ip: _IP) -> bool:
+        return any(ip in net for net in self.allow if ip.version == net.version)
+
+    async def _callable(self, address: str) -> bool:
+        """Whether every address a connection to `address` may reach is
+        allowed by the operator or public (a2a-sdk's judgement)."""
+        for ip in _judged(ipaddress.ip_address(address.split("%", 1)[0])):
+            if self._allowed(ip):
+                continue
+            # a2a-sdk's own judgement of one address: the literal resolves to itself.
+            literal = f"[{ip}]" if ip.version == 6 else str(ip)
+            if not await validate_push_notification_url(f"http://{literal}/"):
+                return False
+        return True
 
     async def addresses(self, url: str) -> list[str] | None:
         """The addresses `url`'s host resolves to, all of them callable; None
@@ -117,11 +168,7 @@ class PushPolicy:
             return None
         found = list(dict.fromkeys(str(info[4][0]) for info in infos))
         for address in found:
-            if self._allowed(address):
-                continue
-            # a2a-sdk's own judgement of one address: the literal resolves to itself.
-            literal = f"[{address}]" if ":" in address else address
-            if not await validate_push_notification_url(f"http://{literal}/"):
+            if not await self._callable(address):
                 logger.warning(
                     "push URL refused: %s resolves to %s, which is not public and not in "
                     "the operator's allow-list (--push-allow)",
@@ -305,7 +352,7 @@ class PushService:
 
     def __init__(self, task_store: Any, policy: PushPolicy | None = None) -> None:
         self.policy = policy if policy is not None else PushPolicy()
-        self.configs = open_push_config_store(task_store)
+        self.configs = open_push_config_store(task_store, self.policy.limits)
         self.sender = WebhookSender(self.configs, self.policy)
 
     def handler_args(self) -> dict[str, Any]:

@@ -139,6 +139,7 @@ class Conversation:
         self._tools = {tool.name: tool for tool in tools}
         self._specs = [tool.spec for tool in tools] + ([ASK_PARENT_SPEC] if ask_parent else [])
         self._ask_parent = ask_parent
+        self._tool_names = frozenset(self._tools) | ({ASK_PARENT} if ask_parent else set())
         if messages is not None:
             self.messages: list[ChatMessage] = [dict(m) for m in messages]
         else:
@@ -297,7 +298,8 @@ class Conversation:
         )
         started_at = self._turn_started = anyio.current_time()
         self._paused_time = 0.0
-        emit = observed_emit(emit, self.role, self.model.name)  # a server's metrics
+        # A server's metrics, which label tool calls with the tools it really has.
+        emit = observed_emit(emit, self.role, self.model.name, self._tool_names)
         try:
             # Input queued while no turn ran (an injection, a child's result)
             # is this turn's from its first model call, ahead of the turn's own

@@ -30,6 +30,7 @@ caller sees only its own sessions; another's answer 404.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -224,12 +225,18 @@ def _sse(data: Any, *, event: str, seq: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _after(request: Request) -> int:
+_SEQ = re.compile(r"[0-9]{1,19}")
+"""An event's seq as the streams send it: ASCII digits, below 2**63 (a
+BIGINT in the store; `str.isdigit` would also take "²")."""
+
+
+def _after(request: Request) -> int | None:
     """Where a stream resumes: the browser's Last-Event-ID on a reconnect,
-    else the page's `after` (what it was rendered with)."""
+    else the page's `after` (what it was rendered with), else 0 (both
+    empty); None when the one given is not a seq this server sends."""
     for raw in (request.headers.get("last-event-id"), request.query_params.get("after")):
-        if raw is not None and raw.isdigit():
-            return int(raw)
+        if raw:
+            return int(raw) if _SEQ.fullmatch(raw) and int(raw) < 2**63 else None
     return 0
 
 
@@ -388,7 +395,12 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
         if found is None:
             return Response("not found", status_code=404, headers=_HEADERS)
         record, child = found
-        after = _after(request)
+        resume = _after(request)
+        if resume is None:
+            return Response(
+                "Last-Event-ID / after: not an event number", status_code=400, headers=_HEADERS
+            )
+        after = resume
 
         async def chunks() -> AsyncIterator[str]:
             nonlocal after

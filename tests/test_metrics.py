@@ -146,6 +146,32 @@ async def test_a_failing_model_is_counted_by_kind(tmp_path: Path) -> None:
     assert value(found, "a2a_tasks_total", state="failed") == 1
 
 
+async def test_tool_labels_are_the_roles_tools_never_names_the_model_made_up(
+    tmp_path: Path,
+) -> None:
+    made_up = [{"name": f"bogus_{n}_" + "x" * 2000, "arguments": {}} for n in range(70)]
+    script = [
+        {"tool_calls": made_up},
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+        {"text": "done\nTASK_DONE"},
+    ]
+    (tmp_path / "notes.txt").write_text("notes")
+    with anyio.fail_after(30):
+        async with role_server(tmp_path, script, role="architect") as s:
+            async with a2a_client(s.url) as client:
+                _, events = await collect(client, user_message("Design it"))
+            async with httpx.AsyncClient() as http:
+                text = (await http.get(f"{s.url}/metrics")).text
+    assert isinstance(events[-1], Done)
+    found = samples(text)
+    tools = {dict(ls)["tool"] for n, ls in found if n == "a2a_tool_calls_total"}
+    assert tools == {"other", "read_file"}
+    assert value(found, "a2a_tool_calls_total", tool="other") == 70
+    assert value(found, "a2a_tool_failures_total", tool="other") == 70
+    assert value(found, "a2a_tool_calls_total", tool="read_file") == 1
+    assert "bogus" not in text
+
+
 async def test_metrics_sit_behind_the_api_auth_unless_made_public(tmp_path: Path) -> None:
     token = "metrics-test-token"
 

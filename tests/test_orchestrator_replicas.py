@@ -7,6 +7,7 @@ scripted (the parent's from a file, the children's in the role server).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 from conftest import a2a_client, role_server
 from postgres import Postgres
@@ -27,6 +29,7 @@ from test_server import collect, user_message
 
 from a2a_orchestrator.events import Failed
 from a2a_orchestrator.orchestrator import MODE_KEY
+from a2a_orchestrator.session_leases import Leases
 from a2a_orchestrator.store_pg import PgStore
 
 pytestmark = pytest.mark.anyio
@@ -55,6 +58,92 @@ PARENT_SCRIPT = [
     # The parent's turn outlives replica A, which is killed while it waits.
     {"delay": 60.0, "text": "never"},
 ]
+
+
+class Partition:
+    """A TCP proxy on 127.0.0.1 between one replica and PostgreSQL that can
+    cut the replica off: `refuse` closes its connections and its port (the
+    database is gone), `stall` keeps them open and drops every byte (a
+    network partition: calls hang)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.stalled = False
+        self._serving = anyio.CancelScope()
+
+    async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+            self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            task_status.started()
+            with self._serving:  # cancelled: the relays end, their connections close
+                await listener.serve(self._relay)
+
+    async def _relay(self, client: Any) -> None:
+        server = await anyio.connect_tcp("127.0.0.1", self.target_port)
+        async with client, server, anyio.create_task_group() as tg:
+            tg.start_soon(self._pump, client, server)
+            tg.start_soon(self._pump, server, client)
+
+    async def _pump(self, source: Any, sink: Any) -> None:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            async for data in source:
+                if not self.stalled:
+                    await sink.send(data)
+
+    def cut(self, how: str) -> None:
+        if how == "stall":
+            self.stalled = True
+        else:
+            self._serving.cancel()
+
+
+@pytest.mark.parametrize("how", ["refuse", "stall"])
+async def test_a_replica_cut_off_from_the_database_stops_its_sessions_before_the_lease_ends(
+    postgres: Postgres, how: str
+) -> None:
+    database = postgres.database()
+    lost: list[str] = []
+    stopped = anyio.Event()
+
+    def on_lost(session_id: str) -> None:
+        lost.append(session_id)
+        stopped.set()
+
+    async def on_takeover(session_id: str) -> None:
+        raise AssertionError(f"nothing to take over here ({session_id})")
+
+    partition = Partition(postgres.port)
+    other = PgStore(postgres.url(database))
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(partition.serve)
+            store = PgStore(f"postgresql://a2a@127.0.0.1:{partition.port}/{database}")
+            leases = Leases(
+                store,
+                url="http://a",
+                seconds=LEASE,
+                owner="A",
+                on_takeover=on_takeover,
+                on_lost=on_lost,
+            )
+            try:
+                await leases.claim("s1")
+                tg.start_soon(leases.run)
+                # Renewed for three leases' time while the database answers.
+                await anyio.sleep(3 * LEASE)
+                assert lost == [] and leases.held == {"s1"}
+                partition.cut(how)
+                with anyio.fail_after(LEASE):
+                    await stopped.wait()
+                # Stopped before its lease ran out: no other replica could run it yet.
+                lease = await other.lease("s1")
+                assert lease is not None and lease.owner == "A" and lease.expires_in > 0
+                assert lost == ["s1"] and leases.held == set()
+            finally:
+                tg.cancel_scope.cancel()
+                store.close()
+                other.close()
 
 
 @contextmanager

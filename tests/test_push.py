@@ -16,7 +16,9 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from a2a.server.context import ServerCallContext
 from a2a.types import (
+    InvalidParamsError,
     ListTaskPushNotificationConfigsRequest,
     SendMessageRequest,
     StreamResponse,
@@ -37,6 +39,7 @@ from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network, load_agent_file
 from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
 from a2a_orchestrator.push import PushPolicy
+from a2a_orchestrator.pushstore import PushLimits, open_push_config_store
 from a2a_orchestrator.roles import find_role
 from a2a_orchestrator.server import RunningServer, run_role_server
 from a2a_orchestrator.serving import bind_socket, serve
@@ -215,6 +218,128 @@ async def test_a_webhook_at_an_internal_address_is_refused_unless_allowed(
     assert await PushPolicy().validate("http://8.8.8.8/hook")
 
 
+def test_an_ipv6_address_wrapping_an_internal_ipv4_one_is_refused() -> None:
+    # 6to4 (2002::/16) wraps loopback and the metadata address; Teredo,
+    # IPv4-compatible and NAT64 addresses wrap one too.
+    wrapped = [
+        "http://[2002:7f00:1::]/hook",
+        "http://[2002:a9fe:a9fe::]/hook",
+        "http://[2002:a00:1::1]/hook",
+        "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/hook",  # Teredo, client 127.0.0.1
+        "http://[::127.0.0.1]/hook",
+        "http://[64:ff9b::a9fe:a9fe]/hook",
+    ]
+
+    async def check() -> None:
+        for url in wrapped:
+            assert not await PushPolicy().validate(url), url
+        # A 6to4 address of a public one stays callable; the operator's
+        # allow-list covers the address it wraps.
+        assert await PushPolicy().validate("http://[2002:808:808::1]/hook")
+        assert await LOOPBACK.validate("http://[2002:7f00:1::]/hook")
+
+    anyio.run(check)
+
+
+LIMITS = PushLimits(per_task=3, per_owner=4)
+
+
+@pytest.mark.parametrize("store", ["file", "url"])
+async def test_push_configs_are_limited_per_task_per_caller_and_in_size(
+    tmp_path: Path, store: str
+) -> None:
+    # `url`: the database store replicas use (a2a-sdk's, on SQLAlchemy).
+    db = tmp_path / "role.db"
+    async with (
+        run_role_server(
+            find_role("coder"),
+            ScriptedModel(coder_script),
+            tmp_path,
+            db=str(db) if store == "file" else f"sqlite+aiosqlite:///{db}",
+            push_policy=PushPolicy(LOOPBACK.allow, LIMITS),
+        ) as server,
+        a2a_client(server.url) as client,
+    ):
+        with anyio.fail_after(30):
+            tasks = []
+            for n in (1, 2):
+                answer = [r async for r in client.send_message(user_message(f"go {n}"))]
+                tasks.append(answer[0].task.id)
+            first, second = tasks
+
+            async def create(task_id: str, config_id: str, **extra: str) -> dict[str, Any]:
+                config = {"url": "http://127.0.0.1:9/hook", "token": "t", **extra}
+                return await rpc(
+                    server.url,
+                    "CreateTaskPushNotificationConfig",
+                    {"taskId": task_id, "id": config_id, **config},
+                )
+
+            made = [await create(first, f"c{i}") for i in range(3)]
+            past_task = await create(first, "c3")
+            replaced = await create(first, "c0", token="again")
+            other_task = await create(second, "c0")
+            past_owner = await create(second, "c1")
+            long_url = await create(first, "c0", url="http://127.0.0.1:9/" + "a" * 2048)
+            long_token = await create(first, "c0", token="t" * 1025)
+            message = {"role": "ROLE_USER", "messageId": "m-x", "parts": [{"text": "go"}]}
+            sent = await rpc(
+                server.url,
+                "SendMessage",
+                {
+                    "message": message,
+                    "configuration": {
+                        "taskPushNotificationConfig": {"url": "http://127.0.0.1:9/h", "token": "t"}
+                    },
+                },
+            )
+            async with httpx.AsyncClient() as http:
+                rest = await http.post(
+                    f"{server.url}/rest/tasks/{first}/pushNotificationConfigs",
+                    json={"url": "http://127.0.0.1:9/hook", "token": "t", "id": "r"},
+                    headers={"A2A-Version": "1.0"},
+                )
+            listed = await rpc(server.url, "ListTaskPushNotificationConfigs", {"taskId": first})
+    assert all("result" in answer for answer in [*made, replaced, other_task])
+    assert past_task["error"]["code"] == -32602
+    assert "limit is 3 per task" in past_task["error"]["message"]
+    assert past_owner["error"]["code"] == -32602
+    assert "limit is 4 per caller" in past_owner["error"]["message"]
+    assert long_url["error"]["code"] == -32602 and "2048" in long_url["error"]["message"]
+    assert long_token["error"]["code"] == -32602 and "1024" in long_token["error"]["message"]
+    assert sent["error"]["code"] == -32602  # a new task's config, past the caller's limit
+    assert rest.status_code == 400 and "per task" in rest.text
+    configs = listed["result"]["configs"]
+    assert sorted(c["id"] for c in configs) == ["c0", "c1", "c2"]
+    assert next(c["token"] for c in configs if c["id"] == "c0") == "again"
+
+
+async def test_push_configs_kept_in_memory_are_limited_too() -> None:
+    configs = open_push_config_store(object(), LIMITS)
+    context = ServerCallContext()
+    for n in range(3):
+        await configs.set_info("t1", TaskPushNotificationConfig(id=f"c{n}", url="u"), context)
+    with pytest.raises(InvalidParamsError, match="3 per task"):
+        await configs.set_info("t1", TaskPushNotificationConfig(id="c3", url="u"), context)
+    await configs.set_info("t2", TaskPushNotificationConfig(id="c0", url="u"), context)
+    with pytest.raises(InvalidParamsError, match="4 per caller"):
+        await configs.set_info("t2", TaskPushNotificationConfig(id="c1", url="u"), context)
+    assert len(await configs.get_info_for_dispatch("t1")) == 3
+
+
+def test_push_limits_come_from_the_flags_else_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("A2A_PUSH_MAX_PER_TASK", "7")
+    assert PushPolicy.from_settings("").limits == PushLimits(per_task=7)
+    assert PushPolicy.from_settings("", max_per_task=2, max_per_owner=5).limits == PushLimits(
+        per_task=2, per_owner=5
+    )
+    monkeypatch.setenv("A2A_PUSH_MAX_PER_OWNER", "0")
+    with pytest.raises(ConfigError, match="at least 1"):
+        PushPolicy.from_settings("")
+
+
 async def test_webhook_configs_survive_a_role_server_restart(tmp_path: Path) -> None:
     db = tmp_path / "role.db"
 
@@ -373,6 +498,31 @@ async def receiver_served(store: Store) -> AsyncIterator[PushReceiver]:
         await tg.start(serve, Starlette(routes=receiver.routes()), sock)
         yield receiver
         tg.cancel_scope.cancel()
+
+
+async def test_the_webhook_endpoint_answers_400_to_a_body_that_is_not_a_frame(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "orchestrator.db")
+    deep = b"[" * 100_000 + b"]" * 100_000
+    deep_object = b'{"task": ' * 5000 + b"{}" + b"}" * 5000
+    bodies = [b"1", b"null", b'"text"', b"[]", b"true", deep, deep_object, b"{", b'{"task": 1}']
+    try:
+        with anyio.fail_after(30):
+            async with receiver_served(store) as receiver, httpx.AsyncClient() as http:
+                inbox = await receiver.open("c1")
+                headers = {"X-A2A-Notification-Token": inbox.token}
+                url = receiver.url_for("c1")
+                answers = [await http.post(url, content=body, headers=headers) for body in bodies]
+                status = {"state": "TASK_STATE_WORKING"}
+                frame = {"statusUpdate": {"taskId": "t1", "status": status}}
+                good = await http.post(url, json=frame, headers=headers)
+    finally:
+        store.close()
+    assert [a.status_code for a in answers] == [400] * len(bodies)
+    assert all("not a StreamResponse" in a.json()["error"] for a in answers)
+    assert good.status_code == 204 and receiver.accepted == 1
+    assert (await inbox.next()).status_update.task_id == "t1"
 
 
 async def test_kill_9_the_orchestrator_then_recovery_completes_the_push_child_once(

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from a2a_orchestrator.delegation import ChildConfig
@@ -36,6 +37,7 @@ from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
+from a2a_orchestrator.transports.tolerant import MAX_LINE, tolerate_naive_timestamps
 
 pytestmark = pytest.mark.anyio
 
@@ -232,3 +234,39 @@ async def test_stock_peer_answers_two_turns(
     )
     # These peers need no tolerance of the reader.
     assert noted(caplog, peer.url, "peer ") == 0
+
+
+@asynccontextmanager
+async def long_line_peer(body: bytes, chunk: int) -> AsyncIterator[str]:
+    """A peer answering `body` as JSON, `chunk` bytes at a time (no newline
+    but where `body` has one): a long line arrives in many pieces."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), chunk):
+            yield body[start : start + chunk]
+
+    async def answer(request: Request) -> Response:
+        return StreamingResponse(pieces(), media_type="application/json")
+
+    sock = bind_socket("127.0.0.1", 0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve, Starlette(routes=[Route("/", answer)]), sock)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+        tg.cancel_scope.cancel()
+
+
+async def test_a_long_line_in_many_pieces_is_rewritten_whole_up_to_a_bound() -> None:
+    stamp = b'"timestamp": "2026-01-05T10:00:00.123456"'
+    padding = b" " * (4 * 1024 * 1024)
+    fine = b'{"a": "' + padding + b'", ' + stamp + b"}"
+    too_long = b"[" + b"0," * (MAX_LINE // 2) + b"0]"
+    with anyio.fail_after(60):
+        async with httpx.AsyncClient() as http:
+            tolerate_naive_timestamps(http)
+            # Pieces of 7 bytes split the timestamp itself.
+            async with long_line_peer(fine, 7 * 1024 + 7) as url:
+                read = (await http.get(url)).content
+            async with long_line_peer(too_long, 64 * 1024) as url:
+                with pytest.raises(httpx.DecodingError, match="longer than"):
+                    await http.get(url)
+    assert read == fine.replace(b'123456"', b'123456Z"')

@@ -277,6 +277,31 @@ async def test_streams_resume_after_the_last_event_id(tmp_path: Path) -> None:
     assert rows[0]["status"] == "completed" and rows[0]["last"] == 'done "the answer"'
 
 
+async def test_a_stream_asked_to_resume_after_no_event_number_is_a_bad_request(
+    tmp_path: Path,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            orchestrator(tmp_path) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            session_id, child_id = await seed(tmp_path / "orchestrator.db")
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            url = f"/ui/sessions/{session_id}/children/{child_id}/stream"
+            # "²" is a digit to str.isdigit; 2**63 and beyond overflow the store's seq.
+            bad = ["²", "9" * 5000, "9" * 30, str(2**63), "-1", "1e3"]
+            by_query = [(await http.get(url, params={"after": q}, headers=auth)) for q in bad]
+            by_header = [
+                (await http.get(url, headers={**auth, "Last-Event-ID": q})) for q in bad[1:]
+            ]
+            # The largest seq still resumes (after everything: only the state).
+            good = await sse_events(http, url, {**auth, "Last-Event-ID": str(2**63 - 1)}, 1)
+    assert [r.status_code for r in by_query] == [400] * len(bad)
+    assert [r.status_code for r in by_header] == [400] * (len(bad) - 1)
+    assert "not an event number" in by_query[0].text
+    assert [name for _, name, _ in good] == ["child"]
+
+
 # -- a real browser ----------------------------------------------------------------
 
 

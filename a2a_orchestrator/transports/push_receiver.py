@@ -148,9 +148,14 @@ class PushReceiver:
             # recovered yet): recovery reads the task itself.
             return _problem(404, f"child {child_id} is not waiting for updates here")
         try:
-            frame = ParseDict(json.loads(await request.body()), StreamResponse(), True)
-        except (ValueError, ParseError) as exc:
+            data = json.loads(await request.body())
+            if not isinstance(data, dict):
+                return _problem(400, "not a StreamResponse: not a JSON object")
+            frame = ParseDict(data, StreamResponse(), True)
+        except (ValueError, TypeError, ParseError) as exc:
             return _problem(400, f"not a StreamResponse: {exc}")
+        except RecursionError:
+            return _problem(400, "not a StreamResponse: nested too deeply")
         if not inbox.put(frame):
             return _problem(503, "too many updates waiting; try again")
         self.accepted += 1

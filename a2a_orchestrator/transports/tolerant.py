@@ -10,6 +10,10 @@ byte substitution on the `timestamp` key only: a response without one is
 passed on unchanged, and nothing is parsed twice.
 
 Each tolerance is logged once per peer, at debug level (`wire.note_once`).
+
+A line is held until it ends (a timestamp never spans lines), at most
+`MAX_LINE` bytes: a peer sending more without a newline gets its response
+refused (`httpx.DecodingError`) rather than held in memory without bound.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import httpx
 
 from ..wire import note_once
 
-__all__ = ["tolerate_naive_timestamps"]
+__all__ = ["MAX_LINE", "tolerate_naive_timestamps"]
+
+MAX_LINE = 16 * 1024 * 1024
+"""Bytes of one line (a JSON body, an SSE data line) held to be rewritten."""
 
 
 # A JSON "timestamp" whose date-time ends right after its seconds (and
@@ -48,17 +55,27 @@ class _FixedStream(httpx.AsyncByteStream):
         self._peer = peer
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        pending = b""
+        # The unfinished line's chunks, joined once it ends: each byte is
+        # copied and searched a bounded number of times, however long the line.
+        pending: list[bytes] = []
+        held = 0
         async for chunk in self._stream:
-            pending += chunk
             # A timestamp never spans lines: rewrite what is up to the last
             # newline, keep the rest until its line ends.
-            cut = pending.rfind(b"\n") + 1
+            cut = chunk.rfind(b"\n") + 1
             if cut:
-                yield _fix(pending[:cut], self._peer)
-                pending = pending[cut:]
-        if pending:
-            yield _fix(pending, self._peer)
+                pending.append(chunk[:cut])
+                yield _fix(b"".join(pending), self._peer)
+                pending, held = [chunk[cut:]], len(chunk) - cut
+            else:
+                pending.append(chunk)
+                held += len(chunk)
+            if held > MAX_LINE:
+                raise httpx.DecodingError(
+                    f"{self._peer} sent a line longer than {MAX_LINE} bytes; not read further"
+                )
+        if held:
+            yield _fix(b"".join(pending), self._peer)
 
     async def aclose(self) -> None:
         await self._stream.aclose()
