@@ -25,40 +25,46 @@ Contract:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 import anyio
 
 from .errors import StoreError
 from .sqlitefile import SQLiteFile
 
-__all__ = ["GroupWriter"]
+__all__ = ["GroupCommit", "GroupWriter", "Write"]
 
 T = TypeVar("T")
 
 
-class _Write:
+class Write:
+    """One caller's write waiting for, or taken by, a group."""
+
     __slots__ = ("done", "error", "fn", "result")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
 
 
-class GroupWriter:
-    """Group commit over one `SQLiteFile` (see the module docstring)."""
+class GroupCommit:
+    """The grouping shared by every store's writer: a queue of writes, one
+    group committed at a time by `flush`, each caller woken once its group is
+    done (see the module docstring's contract). `flush(batch)` applies the
+    batch in one transaction and commits it, each write under a savepoint of
+    its own, its error left on `item.error`."""
 
-    def __init__(self, file: SQLiteFile) -> None:
-        self._file = file
-        self._queue: list[_Write] = []
+    def __init__(self, flush: Callable[[list[Write]], Awaitable[None]]) -> None:
+        self._flush = flush
+        self._queue: list[Write] = []
         self._committing = False
         self._committed = anyio.Event()
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        item = _Write(fn)
+    async def _enqueue(self, fn: Callable[[Any], Any]) -> Any:
+        item = Write(fn)
         self._queue.append(item)
         while not item.done:
             if self._committing:
@@ -74,8 +80,7 @@ class GroupWriter:
                 await self._commit()
         if item.error is not None:
             raise item.error
-        result: T = item.result
-        return result
+        return item.result
 
     async def _commit(self) -> None:
         batch, self._queue = self._queue, []
@@ -83,8 +88,8 @@ class GroupWriter:
         try:
             # Shielded: the group holds other callers' writes.
             with anyio.CancelScope(shield=True):
-                await self._file.write(lambda conn: self._apply(batch, conn))
-        except Exception as exc:  # the file failed (closed, or the commit did)
+                await self._flush(batch)
+        except Exception as exc:  # the store failed (closed, or the commit did)
             for item in batch:
                 item.error = exc
         finally:
@@ -94,7 +99,21 @@ class GroupWriter:
             committed, self._committed = self._committed, anyio.Event()
             committed.set()
 
-    def _apply(self, batch: list[_Write], conn: sqlite3.Connection) -> None:
+
+class GroupWriter(GroupCommit):
+    """Group commit over one `SQLiteFile` (see the module docstring)."""
+
+    def __init__(self, file: SQLiteFile) -> None:
+        super().__init__(self._flush_batch)
+        self._file = file
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return cast(T, await self._enqueue(fn))
+
+    async def _flush_batch(self, batch: list[Write]) -> None:
+        await self._file.write(lambda conn: self._apply(batch, conn))
+
+    def _apply(self, batch: list[Write], conn: sqlite3.Connection) -> None:
         """Under the file's lock, inside the group's one transaction (which
         `SQLiteFile.write` begins and commits, here or in a worker thread)."""
         for item in batch:

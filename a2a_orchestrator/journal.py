@@ -19,7 +19,7 @@ import json
 import os
 import time
 import uuid as uuidlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,22 @@ class JournalRow:
     runner_boot: str
     pgid: int | None
     pgid_ticks: int | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> JournalRow:
+        """A `tool_calls` row read back, whichever store holds the table."""
+        return cls(
+            marker=row["marker"],
+            scope=row["scope"],
+            call_id=row["call_id"],
+            tool=row["tool"],
+            arguments=json.loads(row["arguments"]),
+            runner_pid=row["runner_pid"],
+            runner_ticks=row["runner_ticks"],
+            runner_boot=row["runner_boot"],
+            pgid=row["pgid"],
+            pgid_ticks=row["pgid_ticks"],
+        )
 
     @property
     def runner_alive(self) -> bool:
@@ -188,24 +204,9 @@ class ToolJournal:
         def rows() -> list[JournalRow]:
             cursor = conn.execute(sql, params)
             names = [d[0] for d in cursor.description]
-            found = []
-            for values in cursor.fetchall():
-                row = dict(zip(names, values, strict=True))
-                found.append(
-                    JournalRow(
-                        marker=row["marker"],
-                        scope=row["scope"],
-                        call_id=row["call_id"],
-                        tool=row["tool"],
-                        arguments=json.loads(row["arguments"]),
-                        runner_pid=row["runner_pid"],
-                        runner_ticks=row["runner_ticks"],
-                        runner_boot=row["runner_boot"],
-                        pgid=row["pgid"],
-                        pgid_ticks=row["pgid_ticks"],
-                    )
-                )
-            return found
+            return [
+                JournalRow.of(dict(zip(names, values, strict=True))) for values in cursor.fetchall()
+            ]
 
         return await self._file.run(rows)
 

@@ -104,21 +104,7 @@ class SharedToolJournal(ToolJournal):
         async with self.engine.connect() as conn:
             result = await conn.execute(text(sql), params)
             rows = [dict(row._mapping) for row in result]
-        return [
-            JournalRow(
-                marker=row["marker"],
-                scope=row["scope"],
-                call_id=row["call_id"],
-                tool=row["tool"],
-                arguments=json.loads(row["arguments"]),
-                runner_pid=row["runner_pid"],
-                runner_ticks=row["runner_ticks"],
-                runner_boot=row["runner_boot"],
-                pgid=row["pgid"],
-                pgid_ticks=row["pgid_ticks"],
-            )
-            for row in rows
-        ]
+        return [JournalRow.of(row) for row in rows]
 
     async def unfinished(self, scope: str | None = None) -> list[JournalRow]:
         if scope is None:

@@ -31,13 +31,14 @@ import time
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
 from .budgets import Spend
 from .errors import ConfigError, StoreError
+from .groupcommit import GroupCommit, Write
 from .journal import JournalRow, ToolJournal
 from .store import _SPEND_COLUMNS, TURN_END_KINDS, ChildRecord, RunnerRecord, Store, StoredEvent
 
@@ -136,13 +137,15 @@ def _shown(url: str) -> str:
 
 
 def _numbered(sql: str) -> str:
-    """`%s` placeholders as asyncpg's `$1, $2, ...`."""
+    """The SQL with each printf-style placeholder numbered the way asyncpg
+    takes them (`$1`, `$2`, ...)."""
     parts = sql.split("%s")
     return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
 
 
 class Tx:
-    """Statements on the connection, with `%s` placeholders and dict rows."""
+    """Statements on one connection: SQL with printf-style placeholders,
+    rows as dicts."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -230,63 +233,22 @@ class PgConnection:
                     )
 
 
-class _Write:
-    __slots__ = ("done", "error", "fn", "result")
-
-    def __init__(self, fn: Callable[[Tx], Awaitable[Any]]) -> None:
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = False
-
-
-class _PgGroupWriter:
-    """Group commit over one `PgConnection`: `groupcommit.GroupWriter`'s
+class _PgGroupWriter(GroupCommit):
+    """Group commit over one `PgConnection`: `groupcommit`'s grouping and
     contract (order kept, one savepoint per write, a cancelled waiter takes
     its write back), in PostgreSQL's transactions."""
 
     def __init__(self, connection: PgConnection) -> None:
+        super().__init__(self._flush_batch)
         self._connection = connection
-        self._queue: list[_Write] = []
-        self._committing = False
-        self._committed = anyio.Event()
 
     async def write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        item = _Write(fn)
-        self._queue.append(item)
-        while not item.done:
-            if self._committing:
-                committed = self._committed
-                try:
-                    await committed.wait()
-                except BaseException:
-                    if item in self._queue:
-                        self._queue.remove(item)
-                    raise
-            else:
-                await self._commit()
-        if item.error is not None:
-            raise item.error
-        result: T = item.result
-        return result
+        return cast(T, await self._enqueue(fn))
 
-    async def _commit(self) -> None:
-        batch, self._queue = self._queue, []
-        self._committing = True
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._connection.run(lambda tx: self._apply(tx, batch))
-        except Exception as exc:
-            for item in batch:
-                item.error = exc
-        finally:
-            for item in batch:
-                item.done = True
-            self._committing = False
-            committed, self._committed = self._committed, anyio.Event()
-            committed.set()
+    async def _flush_batch(self, batch: list[Write]) -> None:
+        await self._connection.run(lambda tx: self._apply(tx, batch))
 
-    async def _apply(self, tx: Tx, batch: list[_Write]) -> None:
+    async def _apply(self, tx: Tx, batch: list[Write]) -> None:
         async with tx.conn.transaction():
             for item in batch:
                 try:
@@ -318,21 +280,7 @@ class PgToolJournal(ToolJournal):
     async def _rows(self, where: str, params: list[Any]) -> list[JournalRow]:
         sql = f"SELECT * FROM tool_calls WHERE {where.replace('?', '%s')} ORDER BY started_at"
         rows = await self._pg.run(lambda tx: tx.fetch(sql, params))
-        return [
-            JournalRow(
-                marker=row["marker"],
-                scope=row["scope"],
-                call_id=row["call_id"],
-                tool=row["tool"],
-                arguments=json.loads(row["arguments"]),
-                runner_pid=row["runner_pid"],
-                runner_ticks=row["runner_ticks"],
-                runner_boot=row["runner_boot"],
-                pgid=row["pgid"],
-                pgid_ticks=row["pgid_ticks"],
-            )
-            for row in rows
-        ]
+        return [JournalRow.of(row) for row in rows]
 
 
 @dataclass(frozen=True, kw_only=True)
