@@ -52,6 +52,7 @@ from .budgets import Budget
 from .errors import ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from .models.base import ChatMessage
+from .outbox import Outbox
 from .records import RecordKind
 from .render import NO_TERMINAL_TEXT
 from .tracing import ChildSpans
@@ -71,6 +72,7 @@ __all__ = [
     "ChildStatus",
     "Delegate",
     "Emit",
+    "EventBatchSink",
     "EventSink",
     "IdentityListener",
     "Input",
@@ -97,6 +99,10 @@ EventSink = Callable[["ChildHandle", "ChildEvent | Input"], Awaitable[bool]]
 """Called with each event, and each input given to the child, before the
 handle publishes or acts on it; the session stores it there. False means the
 event's uuid was recorded already (a replay), and it is dropped."""
+EventBatchSink = Callable[["ChildHandle", Sequence[ChildEvent]], Awaitable[Sequence[bool]]]
+"""Stores several events of one child in one transaction, in order; per
+event, False when its uuid was recorded already. Given, the handle writes
+its events behind the child (`outbox.py`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,6 +373,7 @@ class ChildHandle:
         role: str,
         run: ChildRun,
         sink: EventSink | None = None,
+        sink_many: EventBatchSink | None = None,
         history: Sequence[ChildEvent] = (),
         status: ChildStatus = "running",
         parent_id: str = "",
@@ -387,6 +394,11 @@ class ChildHandle:
         self.parent_id = parent_id
         self.depth = depth
         self._sink = sink
+        self._outbox: Outbox | None = None
+        if sink_many is not None:
+            self._outbox = Outbox(
+                lambda events: sink_many(self, events), self._deliver, self._notify
+            )
         self._on_event = on_event
         self._on_settled = on_settled
         self._log: list[ChildEvent] = list(history)
@@ -528,6 +540,9 @@ class ChildHandle:
 
     async def _store(self, item: Input) -> None:
         if self._sink is not None:
+            if self._outbox is not None:
+                # Stored after what the child emitted before it, as it is read.
+                await self._outbox.drain()
             await self._sink(self, item)
 
     def _queue(self, item: _Queued, *, first: bool = False) -> None:
@@ -633,7 +648,10 @@ class ChildHandle:
     # -- the pump -----------------------------------------------------------------
 
     def start(self, task_group: TaskGroup) -> None:
-        """Run the pump in the owner's task group."""
+        """Run the pump in the owner's task group (and write its events
+        behind it there)."""
+        if self._outbox is not None:
+            self._outbox.attach(task_group)
         task_group.start_soon(self._pump, name=f"child {self.child_id}")
 
     async def _pump(self) -> None:
@@ -693,12 +711,21 @@ class ChildHandle:
                         self._on_settled(self)
         finally:
             with anyio.CancelScope(shield=True):
+                if self._outbox is not None:
+                    await self._outbox.drain()
                 await self.run.aclose()
 
     async def _emit(self, event: ChildEvent) -> None:
         # A replayed event (re-attach after a broken stream or a restart)
         # carries the uuid it had the first time.
         if event.uuid in self._uuids:
+            return
+        if self._outbox is not None:
+            # Written behind the child, except what ends a turn or holds it:
+            # those wait until they (and everything before them) are stored
+            # and heard of, so a turn seen ended is seen whole.
+            wait = event.kind in TERMINAL_KINDS or self._held_by_rule(event)
+            await self._outbox.put(event, wait=wait)
             return
         # Shielded: an abort of the turn that emits this event must not tear
         # its recording apart (stored but not logged). Only the durable
@@ -716,6 +743,17 @@ class ChildHandle:
             elif self._held_by_rule(event):
                 await self.run.resume()  # nobody watches to decide on the hold
         self._notify()
+
+    async def _deliver(self, event: ChildEvent, fresh: bool) -> None:
+        """An event the outbox wrote (`fresh`) or found stored already."""
+        if not fresh:
+            self._uuids.add(event.uuid)
+            return
+        self._record(event)
+        if self._on_event is not None:
+            await self._on_event(self, event, self._release_after(event))
+        elif self._held_by_rule(event):
+            await self.run.resume()
 
     def _record(self, event: ChildEvent) -> None:
         self._uuids.add(event.uuid)

@@ -36,7 +36,7 @@ import logging
 import math
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -552,6 +552,7 @@ class Session:
             role=spec.role,
             run=run,
             sink=self._sink,
+            sink_many=self._sink_many,
             history=history or (),
             status=status,
             parent_id=record.parent_id,
@@ -609,6 +610,24 @@ class Session:
             child_changes=changes or None,
         )
         return stored is not None
+
+    async def _sink_many(self, handle: ChildHandle, events: Sequence[ChildEvent]) -> list[bool]:
+        """Several events of one child in one transaction (`outbox.py`)."""
+        entries = []
+        changes: dict[str, Any] = {}
+        for item in events:
+            if isinstance(item, MessageDelta):
+                continue  # live only, as in `_sink`
+            entries.append((self.id, handle.child_id, item.kind, event_to_dict(item), item.uuid))
+            changes.update(_changes(item))
+        if changes and handle.run.model:
+            changes["model"] = handle.run.model
+        written = iter(
+            await self.store.append_events(entries, child_changes=changes or None)
+            if entries
+            else ()
+        )
+        return [isinstance(item, MessageDelta) or next(written) is not None for item in events]
 
 
 def keep_out_of_git(state: Path) -> None:

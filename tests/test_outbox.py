@@ -1,0 +1,209 @@
+"""A child's events are written behind it (`outbox.py`): in few transactions,
+in order, announced only once on disk, a turn's end waited for, a parent's
+input stored after what the child emitted before it, and a failed write
+failing that child alone.
+
+Children are played by `MemoryDelegate` functions through a real Session
+on a real SQLite file; SQLite's own trace counts the commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from a2a_orchestrator import MemoryDelegate
+from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.errors import StoreError
+from a2a_orchestrator.events import ChildEvent, Done, Failed, ToolCalled, ToolResult
+from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.outbox import Outbox
+from a2a_orchestrator.session import Session
+from a2a_orchestrator.store import Store
+from a2a_orchestrator.transports.memory import Turn
+
+pytestmark = pytest.mark.anyio
+
+NETWORK = Network.of(AgentSpec(name="busy", role="busy"))
+CALLS = 300
+
+
+def calls(count: int) -> list[ChildEvent]:
+    events: list[ChildEvent] = []
+    for n in range(count):
+        events.append(ToolCalled(call_id=f"c{n}", tool="probe", arguments={"n": n}))
+        events.append(ToolResult(call_id=f"c{n}", tool="probe", output=str(n), success=True))
+    return events
+
+
+async def busy(turn: Turn) -> AsyncIterator[str | ChildEvent]:
+    for event in calls(CALLS):
+        yield event
+    yield f"made {CALLS} calls"
+
+
+def stored_uuids(path: Path) -> set[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return {row[0] for row in conn.execute("SELECT uuid FROM events")}
+    finally:
+        conn.close()
+
+
+async def test_a_busy_child_is_stored_in_few_transactions_in_order_and_heard_after_disk(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "orchestrator.db"
+    store = Store(path)
+    statements: list[str] = []
+    heard: list[ChildEvent] = []
+    heard_before_disk: list[str] = []
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store, workdir=tmp_path, network=NETWORK, delegates={"local": MemoryDelegate(busy)}
+            ) as session:
+                store._file.conn.set_trace_callback(statements.append)
+                async with session.relay() as relay:
+                    handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
+                    async for item in relay:
+                        # Heard: so it must be in the file already, read by
+                        # another connection.
+                        if item.event.uuid not in stored_uuids(path):
+                            heard_before_disk.append(item.event.kind)
+                        heard.append(item.event)
+                        if isinstance(item.event, Done | Failed):
+                            break
+                store._file.conn.set_trace_callback(None)
+                result = await handle.result()
+                rows = await store.events(session.id, child_id=handle.child_id)
+    finally:
+        store.close()
+
+    expected = [event.kind for event in calls(CALLS)]
+    assert result == Done(text=f"made {CALLS} calls")
+    assert heard_before_disk == []
+    assert [e.kind for e in heard] == ["started", *expected, "message", "done"]
+    assert [e.uuid for e in heard] == [e.uuid for e in handle.log]
+    assert [row.kind for row in rows] == ["input", "started", *expected, "message", "done"]
+    assert [row.uuid for row in rows[1:]] == [e.uuid for e in handle.log]
+    commits = sum(1 for s in statements if s.strip().upper() == "COMMIT")
+    # One transaction per event would be more than 600; the child yields to
+    # the loop after each event here, so a batch holds what it made meanwhile.
+    assert 1 <= commits <= len(expected) // 2
+
+
+async def test_input_given_while_events_are_pending_is_stored_after_them(
+    tmp_path: Path,
+) -> None:
+    emitted = anyio.Event()
+    gate = anyio.Event()
+
+    async def worker(turn: Turn) -> AsyncIterator[str | ChildEvent]:
+        if turn.number == 1:
+            for event in calls(100):
+                yield event
+            emitted.set()
+            await gate.wait()
+        yield f"turn {turn.number}"
+
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=NETWORK,
+                delegates={"local": MemoryDelegate(worker)},
+            ) as session:
+                handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
+                await emitted.wait()
+                await handle.send("next")  # queued behind the running turn
+                await handle.steer("now")
+                gate.set()
+                while len([e for e in handle.log if isinstance(e, Done)]) < 3:
+                    await handle.wait()
+                rows = await store.events(session.id, child_id=handle.child_id)
+    finally:
+        store.close()
+
+    kinds = [row.kind for row in rows]
+    last_call = max(i for i, kind in enumerate(kinds) if kind == "tool_result")
+    first_input_after = min(i for i, kind in enumerate(kinds) if i > 0 and kind == "input")
+    assert kinds.count("tool_result") == 100
+    assert first_input_after > last_call
+
+
+async def test_a_write_behind_that_fails_fails_that_child_alone(tmp_path: Path) -> None:
+    path = tmp_path / "orchestrator.db"
+
+    async def worker(turn: Turn) -> AsyncIterator[str | ChildEvent]:
+        if turn.config.prompt == "break":
+            # Refuse this child's tool results from now on, in the real file.
+            conn = sqlite3.connect(path)
+            conn.execute(
+                f"""CREATE TRIGGER refuse BEFORE INSERT ON events
+                WHEN NEW.child_id = '{turn.child_id}' AND NEW.kind = 'tool_result'
+                BEGIN SELECT RAISE(ABORT, 'write refused'); END"""
+            )
+            conn.commit()
+            conn.close()
+        for event in calls(50):
+            yield event
+            await anyio.lowlevel.checkpoint()
+        yield "all stored"
+
+    store = Store(path)
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=NETWORK,
+                delegates={"local": MemoryDelegate(worker)},
+            ) as session:
+                broken = await session.spawn(ChildConfig(role="busy", prompt="break"))
+                failed = await broken.result()
+                sound = await session.spawn(ChildConfig(role="busy", prompt="fine"))
+                fine = await sound.result()
+    finally:
+        store.close()
+
+    assert isinstance(failed, Failed) and failed.reason == "error"
+    assert "StoreError" in failed.message and "write refused" in failed.message
+    assert isinstance(broken.error, StoreError)
+    assert fine == Done(text="all stored")
+
+
+async def test_back_pressure_bounds_what_is_queued_and_keeps_order() -> None:
+    batches: list[int] = []
+    delivered: list[int] = []
+
+    async def write(events: Sequence[ChildEvent]) -> list[bool]:
+        batches.append(len(events))
+        await anyio.sleep(0.001)  # a commit takes a while: the child outruns it
+        return [True] * len(events)
+
+    async def deliver(event: ChildEvent, fresh: bool) -> None:
+        assert isinstance(event, ToolCalled) and fresh
+        delivered.append(int(event.arguments["n"]))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            outbox = Outbox(write, deliver, lambda: None, limit=8)
+            outbox.attach(tg)
+            most = 0
+            for n in range(100):
+                event = ToolCalled(call_id=f"c{n}", tool="probe", arguments={"n": n})
+                await outbox.put(event, wait=False)
+                most = max(most, outbox.pending)
+            await outbox.drain()
+
+    assert delivered == list(range(100))
+    assert max(batches) <= 8
+    assert most <= 9  # the limit, and the one put that then waits for it
