@@ -9,7 +9,7 @@ where that mapping is written once). Every event is a frozen value with a
 from __future__ import annotations
 
 import uuid as uuidlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeAlias
 
 from .budgets import Spend
@@ -184,8 +184,23 @@ _BY_KIND: dict[str, type[Any]] = {
 
 
 def event_to_dict(event: ChildEvent) -> dict[str, Any]:
-    """A JSON-ready dict; `event_from_dict` turns it back."""
-    return asdict(event)
+    """A JSON-ready dict; `event_from_dict` turns it back.
+
+    A new dict of the event's fields, its usage and spend as dicts; other
+    values (a tool call's `arguments`) are the event's own, not copies:
+    events are frozen and nothing changes them. Every stored and relayed
+    event passes here, and `asdict`'s deep copy was most of its cost."""
+    names = _FIELD_NAMES.get(type(event))
+    if names is None:
+        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in fields(event))
+    data = {name: getattr(event, name) for name in names}
+    for name, value in data.items():
+        if isinstance(value, Usage | Spend):
+            data[name] = asdict(value)
+    return data
+
+
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
 
 
 def event_from_dict(data: dict[str, Any]) -> ChildEvent:

@@ -46,6 +46,10 @@ def create_table(conn: Any) -> None:
     conn.execute(
         "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL"
     )
+    # Every conversation a role server opens asks for its scope's interrupted
+    # calls: by this index, a read of that scope's rows alone (none for a new
+    # context), cheap enough to run on the event loop.
+    conn.execute("CREATE INDEX IF NOT EXISTS tool_calls_scope ON tool_calls (scope)")
 
 
 def _boot_id() -> str:
@@ -208,7 +212,7 @@ class ToolJournal:
                 JournalRow.of(dict(zip(names, values, strict=True))) for values in cursor.fetchall()
             ]
 
-        return await self._file.run(rows)
+        return await self._file.read(rows)
 
     async def interrupted_calls(self, scope: str) -> list[JournalRow]:
         """The calls of `scope` that a crash interrupted (open, or closed as such)."""
