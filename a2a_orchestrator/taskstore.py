@@ -112,8 +112,13 @@ CREATE TABLE IF NOT EXISTS tasks (
     data BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS tasks_owner_updated ON tasks (owner, updated_ns DESC, id DESC);
-CREATE INDEX IF NOT EXISTS tasks_context ON tasks (context_id);
+CREATE INDEX IF NOT EXISTS tasks_context_updated ON tasks (context_id, updated_ns DESC, id DESC);
+DROP INDEX IF EXISTS tasks_context;
 """
+# A context's listing (three at each new task: the handler's checks and the
+# executor's earlier tasks) reads `tasks_context_updated`: with an index on
+# the context alone, SQLite (no statistics) chose the owner's index for its
+# ORDER BY and read every task of the owner, a cost that grew with the file.
 
 
 def _updated_ns(task: Task) -> int:

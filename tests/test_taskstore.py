@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,28 @@ async def test_a_role_server_writes_a_turn_at_its_tool_results_and_its_end(
     # artifact and the end: nothing else.
     assert len(writes) == 2 + steps + 2
     assert len(responses) > 3 * len(writes) / 2
+
+
+async def test_a_listing_by_context_reads_that_context_alone(tmp_path: Path) -> None:
+    """The executor and the handler list a context's tasks at every new task:
+    SQLite must read that context's index entries, not every task of the
+    owner (a cost that grew with the file). Checked on the statements the
+    store really runs, as SQLite's trace gives them, by SQLite's own plan."""
+    path = tmp_path / "t.db"
+    store = SQLiteTaskStore(path)
+    me = as_user("me")
+    for index in range(300):
+        await store.save(task(f"t{index}", f"c{index}", TaskState.TASK_STATE_COMPLETED, index), me)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    listing = await store.list(ListTasksRequest(context_id="c7"), me)
+    store._db.set_trace_callback(None)
+    store.close()
+
+    assert [t.id for t in listing.tasks] == ["t7"]
+    selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert selects
+    conn = sqlite3.connect(path)
+    plans = [" ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {s}")) for s in selects]
+    conn.close()
+    assert all("tasks_context_updated" in plan for plan in plans), plans
