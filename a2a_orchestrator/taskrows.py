@@ -13,10 +13,10 @@ own a save writes the head and the messages added since the last save, so
 it costs what the frame added, not what the task holds.
 
 A write is a `Rows`: the head row, and "the history from `start` on is
-`messages`" (the rows from `start` on are replaced by them). Applied one
-after another, such writes leave exactly the history of the last one: an
-append starts at the count already stored, a history that changed in any
-other way is written whole, from 0.
+`messages`" (the rows from `start` on are replaced by them). Applied in
+order, such writes leave the history the last one says: an append starts
+at the count already stored, a history that changed in any other way is
+written whole, from 0.
 
 Files written before the history had rows of its own (the whole task in
 `data`) are migrated when the store opens them, in one transaction.
@@ -34,6 +34,7 @@ __all__ = [
     "HEAD_FIELDS",
     "Rows",
     "TaskRow",
+    "entries",
     "head_of",
     "open_schema",
     "read_history",
