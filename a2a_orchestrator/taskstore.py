@@ -3,27 +3,37 @@
 Why not the SDK's `DatabaseTaskStore` for a role server's own file: through
 SQLAlchemy's async layer and aiosqlite, each save or get costs about 2 ms
 here, and the SDK saves the task on every event, so a five-event turn spent
-~40 ms in the store (bench/delegation.py). This store keeps each task as its
-protobuf bytes in one row and runs plain sqlite3: a few hundred
-microseconds a call in a worker thread, and its writes and indexed reads
-run on the event loop when the file is free (`SQLiteFile.write`, `read`),
-saving the thread hop. For PostgreSQL, or several replicas on one
-database, pass an SQLAlchemy URL and the server uses `DatabaseTaskStore`.
+~40 ms in the store (bench/delegation.py). This store keeps each task as
+protobuf bytes in rows (`taskrows`: the task without its history in one
+row, each history message in a row of its own) and runs plain sqlite3: a
+few hundred microseconds a call in a worker thread, and its writes and
+indexed reads run on the event loop when the file is free
+(`SQLiteFile.write`, `read`), saving the thread hop. For PostgreSQL, or
+several replicas on one database, pass an SQLAlchemy URL and the server
+uses `DatabaseTaskStore`.
 
-Saves: a2a-sdk saves the whole task on every event, so each save grows with
-the task's history. This store writes at once what a crash must not lose: a
+Saves: a2a-sdk saves the whole task on every event, and the task grows by
+its history (each status message is moved into it), so a save here writes
+the task's head and only the history messages after those it already
+stored or holds: a save costs what the event added, not the task's length
+(bench/taskstore.py). A history that is not an extension of the one stored
+(shorter, or another message at the last stored place, by message id) is
+written whole. This store writes at once what a crash must not lose: a
 new task, a change of state, a change of artifacts, and frames `write_now`
 picks (a role server: a tool's result, since the call's journal row closes
 once its result is out); other frames of a task in the same state (text
 deltas, messages, tool calls, whose starts the journal keeps) are
-coalesced: held in memory, served by `get`, and written with the next
-write, or `coalesce` seconds later, in one transaction with every other held
-frame. `list`, `context_owners` and `unfinished` write what is held first.
+coalesced: held in memory (the head and the new history rows), served by
+`get`, and written with the next write, or `coalesce` seconds later, in one
+transaction with every other held frame, in order. `list`,
+`context_owners` and `unfinished` write what is held first.
 
 The file has one writer, this store (a role server's own SQLite file;
 replicas share a database through `DatabaseTaskStore` instead), so it also
 answers `get` from memory for the tasks still running or waiting here and
-for ids it found absent, without a trip to a worker thread.
+for ids it found absent, without a trip to a worker thread. What it keeps
+of a live task is its head and history messages as bytes, so neither a
+save nor a `get` serializes the whole task.
 
 Tasks are scoped to their owner (the authenticated user) like the SDK's
 stores: another owner's task is not found. Only the server itself looks
@@ -41,6 +51,7 @@ import asyncio
 import base64
 import builtins
 import logging
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -55,6 +66,7 @@ from a2a.types import InvalidParamsError, ListTasksRequest, ListTasksResponse, T
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 
 from .sqlitefile import SQLiteFile
+from .taskrows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
 
 __all__ = ["ObservedTaskStore", "SQLiteTaskStore", "context_owners"]
 
@@ -74,51 +86,47 @@ _TERMINAL = frozenset(
 _REMEMBERED = 4096
 """Live tasks, and ids found absent, answered from memory (most recent)."""
 
-_UPSERT = (
-    "INSERT INTO tasks (id, owner, context_id, state, updated_ns, data) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
-    "context_id = excluded.context_id, state = excluded.state, "
-    "updated_ns = excluded.updated_ns, data = excluded.data "
-    "WHERE tasks.owner = excluded.owner"
-)
-
-_Row = tuple[str, str, str, int, int, bytes]
-"""(id, owner, context_id, state, updated_ns, data): one task's row."""
-
 
 @dataclass
 class _Known:
     """The latest saved version of a live task (maybe not written yet)."""
 
     owner: str
-    data: bytes
+    head: bytes
+    """The task without its history, serialized."""
+    history: list[bytes]
+    """Its history messages in order, each a `history` entry (`taskrows.entries`)."""
+    last_id: str
+    """The last history message's id: a save whose history has another
+    message at that place does not extend this one."""
     written_state: int
     """The state on disk; a save in another state is written at once."""
     written_artifacts: bytes
     """The artifacts on disk (serialized); a save that changes them is written at once."""
+
+    def extended_by(self, task: Task) -> bool:
+        """Whether `task`'s history is this one with messages added after it."""
+        count = len(self.history)
+        if len(task.history) < count:
+            return False
+        return count == 0 or task.history[count - 1].message_id == self.last_id
+
+    def update(self, head: bytes, rows: Rows, last_id: str) -> None:
+        self.head = head
+        del self.history[rows.start :]
+        self.history.extend(rows.messages)
+        self.last_id = last_id
+
+    def task(self) -> Task:
+        return whole_task(self.head, self.history)
 
 
 def _artifacts(task: Task) -> bytes:
     return b"".join(artifact.SerializeToString() for artifact in task.artifacts)
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    context_id TEXT NOT NULL,
-    state INTEGER NOT NULL,
-    updated_ns INTEGER NOT NULL,
-    data BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tasks_owner_updated ON tasks (owner, updated_ns DESC, id DESC);
-CREATE INDEX IF NOT EXISTS tasks_context_updated ON tasks (context_id, updated_ns DESC, id DESC);
-DROP INDEX IF EXISTS tasks_context;
-"""
-# A context's listing (three at each new task: the handler's checks and the
-# executor's earlier tasks) reads `tasks_context_updated`: with an index on
-# the context alone, SQLite (no statistics) chose the owner's index for its
-# ORDER BY and read every task of the owner, a cost that grew with the file.
+def _last_id(task: Task) -> str:
+    return task.history[len(task.history) - 1].message_id if task.history else ""
 
 
 def _updated_ns(task: Task) -> int:
@@ -139,6 +147,10 @@ def _uncursor(token: str) -> tuple[int, str]:
         raise InvalidParamsError(message=f"Invalid page token: {token}") from exc
 
 
+def _with_history(conn: sqlite3.Connection, task_id: str, head: bytes) -> Task:
+    return whole_task(head, read_history(conn, task_id))
+
+
 class SQLiteTaskStore(TaskStore):
     """A task store on one SQLite file (see the module docstring)."""
 
@@ -157,17 +169,18 @@ class SQLiteTaskStore(TaskStore):
         self._owner = owner_resolver
         self._file = SQLiteFile(path, "task store")
         self._db = self._file.conn
-        self._db.executescript(_SCHEMA)
+        open_schema(self._db)
         self._run = self._file.run
         self._coalesce = coalesce
         self._write_now = write_now
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._absent: OrderedDict[str, None] = OrderedDict()
-        self._held: dict[str, _Row] = {}
-        """Task id -> its coalesced row, not written yet."""
+        self._held: dict[str, builtins.list[Rows]] = {}
+        """Task id -> its coalesced writes, not written yet, oldest first
+        (one, unless a failed write was put back before a newer one)."""
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
-        self._writing: builtins.list[_Row] = []
+        self._writing: builtins.list[Rows] = []
         """Held rows a timer's flush is writing now (close writes them too)."""
         self._closed = False
 
@@ -178,7 +191,8 @@ class SQLiteTaskStore(TaskStore):
             self._timer.cancel()
             self._timer = None
         # A flush under way may not reach the file before it closes: its rows
-        # first (older), then what is held (newer); writing a row twice is harmless.
+        # first (older), then what is held (newer); writing a row twice is
+        # harmless (each write says what the history is from its start on).
         rows = [*self._writing, *self._take_held()]
         if rows:
             try:
@@ -187,18 +201,29 @@ class SQLiteTaskStore(TaskStore):
                 logger.exception("task store: could not write %d held task(s) on close", len(rows))
         self._file.close()
 
-    def _write(self, rows: builtins.list[_Row]) -> int:
-        """Write `rows` in one transaction; the rows the last one changed."""
-        changed = 0
+    def _write(self, rows: builtins.list[Rows]) -> int:
+        """Write `rows` in one transaction, in order; the rows the last one changed."""
         with self._db:
-            for row in rows:
-                changed = self._db.execute(_UPSERT, row).rowcount
-        return changed
+            return write_rows(self._db, rows)
 
-    def _take_held(self) -> builtins.list[_Row]:
-        rows = list(self._held.values())
+    def _take_held(self) -> builtins.list[Rows]:
+        rows = [write for writes in self._held.values() for write in writes]
         self._held.clear()
         return rows
+
+    def _hold(self, rows: Rows) -> None:
+        """Hold `rows`, a later save than any held for its task."""
+        held = self._held.setdefault(rows.task_id, [])
+        if not held or not held[-1].absorb(rows):
+            held.append(rows)
+
+    def _put_back(self, rows: builtins.list[Rows]) -> None:
+        """Hold again what a failed write took (older than what was held since)."""
+        older: dict[str, builtins.list[Rows]] = {}
+        for write in rows:
+            older.setdefault(write.task_id, []).append(write)
+        for task_id, writes in older.items():
+            self._held[task_id] = [*writes, *self._held.get(task_id, [])]
 
     def _remember(self, task_id: str, known: _Known) -> None:
         self._absent.pop(task_id, None)
@@ -231,31 +256,50 @@ class SQLiteTaskStore(TaskStore):
     async def save(self, task: Task, context: ServerCallContext) -> None:
         owner = self._owner(context)
         state = int(task.status.state)
-        data = task.SerializeToString()
-        row: _Row = (task.id, owner, task.context_id, state, _updated_ns(task), data)
+        head = head_of(task)
         known = self._known.get(task.id)
+        # What this store holds of the task: its history is written from
+        # there on (an append), or whole when it is not an extension of it.
+        extends = known is not None and known.owner == owner and known.extended_by(task)
+        start = len(known.history) if known is not None and extends else 0
+        rows = Rows(
+            (task.id, owner, task.context_id, state, _updated_ns(task), head),
+            start,
+            entries(task, start),
+        )
+        last_id = _last_id(task)
         if self._may_hold(task, owner, state):
             assert known is not None
-            known.data = data
+            known.update(head, rows, last_id)
             self._known.move_to_end(task.id)
-            self._held[task.id] = row
+            self._hold(rows)
             self._schedule_flush()
             return
-        # Written now, with every frame held so far (one transaction).
-        self._held.pop(task.id, None)
-        rows = [*self._take_held(), row]
+        # Written now, after every write held so far (one transaction).
+        writes = [*self._take_held(), rows]
         try:
             # Whether the row is this owner's (another's is left unchanged).
-            ours = await self._file.write(lambda conn: self._write(rows) == 1)
+            ours = await self._file.write(lambda conn: self._write(writes) == 1)
         except BaseException:
-            for held in rows[:-1]:
-                self._held.setdefault(held[0], held)
+            self._put_back(writes[:-1])
             raise
-        if ours and state not in _TERMINAL:
-            self._remember(task.id, _Known(owner, data, state, _artifacts(task)))
-        else:
+        current = self._known.get(task.id)
+        if not ours or state in _TERMINAL:
             self._known.pop(task.id, None)
             self._absent.pop(task.id, None)
+        elif current is not None and current is known and extends:
+            current.update(head, rows, last_id)
+            current.written_state = state
+            current.written_artifacts = _artifacts(task)
+            self._remember(task.id, current)
+        elif start == 0:
+            self._remember(
+                task.id, _Known(owner, head, rows.messages, last_id, state, _artifacts(task))
+            )
+        else:
+            # Saved meanwhile from a version this write did not start from
+            # (concurrent saves of one task): read it again when asked.
+            self._known.pop(task.id, None)
 
     def _schedule_flush(self) -> None:
         if self._timer is None and not self._closed:
@@ -280,8 +324,7 @@ class SQLiteTaskStore(TaskStore):
             if self._closed:
                 return  # close wrote them
             logger.exception("task store: could not write %d task(s); kept to retry", len(rows))
-            for row in rows:
-                self._held.setdefault(row[0], row)
+            self._put_back(rows)
             self._schedule_flush()
         finally:
             self._writing = []
@@ -290,14 +333,17 @@ class SQLiteTaskStore(TaskStore):
         owner = self._owner(context)
         known = self._known.get(task_id)
         if known is not None:
-            return Task.FromString(known.data) if known.owner == owner else None
+            return known.task() if known.owner == owner else None
         if task_id in self._absent:
             return None
 
-        def read() -> tuple[bytes, str, int] | None:
-            return self._db.execute(
+        def read() -> tuple[bytes, str, int, builtins.list[bytes]] | None:
+            found = self._db.execute(
                 "SELECT data, owner, state FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
+            if found is None:
+                return None
+            return (*found, read_history(self._db, task_id))
 
         found = await self._file.read(read)
         if task_id in self._known or task_id in self._absent:
@@ -306,10 +352,11 @@ class SQLiteTaskStore(TaskStore):
         if found is None:
             self._note_absent(task_id)
             return None
-        data, row_owner, state = found
-        task = Task.FromString(data)
+        head, row_owner, state, messages = found
+        task = whole_task(head, messages)
         if state not in _TERMINAL:
-            self._remember(task_id, _Known(row_owner, data, state, _artifacts(task)))
+            known = _Known(row_owner, head, messages, _last_id(task), state, _artifacts(task))
+            self._remember(task_id, known)
         return task if row_owner == owner else None
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
@@ -319,7 +366,11 @@ class SQLiteTaskStore(TaskStore):
         def remove() -> None:
             self._write(rows)
             with self._db:
-                self._db.execute("DELETE FROM tasks WHERE id = ? AND owner = ?", (task_id, owner))
+                deleted = self._db.execute(
+                    "DELETE FROM tasks WHERE id = ? AND owner = ?", (task_id, owner)
+                ).rowcount
+                if deleted:
+                    self._db.execute("DELETE FROM task_history WHERE task_id = ?", (task_id,))
 
         await self._run(remove)
         known = self._known.get(task_id)
@@ -350,7 +401,7 @@ class SQLiteTaskStore(TaskStore):
 
         held = self._take_held()
 
-        def query() -> tuple[int, list[tuple[bytes, int, str]]]:
+        def query() -> tuple[int, list[Task], tuple[int, str] | None]:
             self._write(held)
             total = self._db.execute(
                 f"SELECT COUNT(*) FROM tasks WHERE {' AND '.join(where)}", args
@@ -360,17 +411,18 @@ class SQLiteTaskStore(TaskStore):
                 "ORDER BY updated_ns DESC, id DESC LIMIT ?",
                 [*page_args, page_size + 1],
             ).fetchall()
-            return int(total), rows
+            more = len(rows) > page_size
+            rows = rows[:page_size]
+            tasks = [_with_history(self._db, task_id, head) for head, _, task_id in rows]
+            return int(total), tasks, (rows[-1][1], rows[-1][2]) if more else None
 
         # A listing by context reads by its index: on the loop when it can
         # (the executor lists a context's tasks at every turn's start).
         run = self._file.read if params.context_id and not held else self._run
-        total, rows = await run(query)
-        more = len(rows) > page_size
-        rows = rows[:page_size]
+        total, tasks, last = await run(query)
         return ListTasksResponse(
-            tasks=[Task.FromString(data) for data, _, _ in rows],
-            next_page_token=_cursor(rows[-1][1], rows[-1][2]) if more else "",
+            tasks=tasks,
+            next_page_token=_cursor(*last) if last is not None else "",
             total_size=total,
             page_size=page_size,
         )
@@ -395,14 +447,17 @@ class SQLiteTaskStore(TaskStore):
 
         held = self._take_held()
 
-        def query() -> builtins.list[tuple[bytes, str]]:
+        def query() -> builtins.list[tuple[Task, str]]:
             self._write(held)
-            return self._db.execute(
-                "SELECT data, owner FROM tasks WHERE state IN (?, ?)",
+            rows = self._db.execute(
+                "SELECT id, data, owner FROM tasks WHERE state IN (?, ?)",
                 (int(TaskState.TASK_STATE_SUBMITTED), int(TaskState.TASK_STATE_WORKING)),
             ).fetchall()
+            return [
+                (_with_history(self._db, task_id, head), owner) for task_id, head, owner in rows
+            ]
 
-        return [(Task.FromString(data), owner) for data, owner in await self._run(query)]
+        return await self._run(query)
 
 
 class ObservedTaskStore(TaskStore):

@@ -43,6 +43,11 @@ FIGURES = {
     "replicas.py": [
         rf"{n} replica\(s\): 20 children in\s+[\d.]+ s,\s+[\d.]+ children/s" for n in (1, 2, 3)
     ],
+    "taskstore.py": [
+        r"role server \(results at once, calls held\)\s+wall min [\d.]+ s.*per frame.* \d+ us",
+        r"every frame written\s+wall min [\d.]+ s.*cpu min [\d.]+ s",
+        r"get of the \d+-message task: from memory median [\d.]+ ms, from the file median",
+    ],
     "trials.py": [r"SIGKILL trials: 2 \(1 orchestrator, 1 role server\).*lost 0, re-run 0"],
 }
 

@@ -95,15 +95,23 @@ async def test_a_sqlalchemy_url_uses_the_sdk_database_store(tmp_path: Path) -> N
 
 
 def on_disk(path: Path, task_id: str) -> Task | None:
-    """The task as another process would read it from the file."""
+    """The task as another process would read it from the file: its row
+    holds the task without its history, each history message has a row."""
     import sqlite3
 
     conn = sqlite3.connect(path)
     try:
         row = conn.execute("SELECT data FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        history = conn.execute(
+            "SELECT data FROM task_history WHERE task_id = ? ORDER BY seq", (task_id,)
+        ).fetchall()
     finally:
         conn.close()
-    return Task.FromString(row[0]) if row else None
+    if row is None:
+        return None
+    assert not Task.FromString(row[0]).history, "the history is in its own rows"
+    # Each row is the message as an entry of the task's history field.
+    return Task.FromString(row[0] + b"".join(data for (data,) in history))
 
 
 def frame(base: Task, text: str, kind: str = "message") -> Task:
@@ -256,9 +264,275 @@ async def test_a_listing_by_context_reads_that_context_alone(tmp_path: Path) -> 
     store.close()
 
     assert [t.id for t in listing.tasks] == ["t7"]
-    selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    selects = [
+        s for s in statements if s.lstrip().upper().startswith("SELECT") and "FROM tasks " in s
+    ]
     assert selects
     conn = sqlite3.connect(path)
     plans = [" ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {s}")) for s in selects]
     conn.close()
     assert all("tasks_context_updated" in plan for plan in plans), plans
+
+
+# --- the history in rows of its own ---------------------------------------------
+
+
+def exact(got: Task | None) -> bytes:
+    """A task's bytes with maps in key order: a parsed Struct may serialize
+    its keys in another order than the one it was built in."""
+    assert got is not None
+    return got.SerializeToString(deterministic=True)
+
+
+def sdk_frame(task: Task, index: int) -> None:
+    """What a2a-sdk's TaskManager does with one status update, in place on
+    the one Task it keeps: the status message joins the history, the
+    update's message becomes the status. Calls and results alternate."""
+    from a2a.helpers import new_text_message
+    from a2a.types import Role
+
+    kind = "tool_result" if index % 2 else "tool_called"
+    message = new_text_message(f"frame {index}", role=Role.ROLE_AGENT, task_id=task.id)
+    message.metadata.update({EVENT_KEY: kind, "callId": f"c{index // 2}", "n": index})
+    if task.status.HasField("message"):
+        task.history.append(task.status.message)
+    task.status.message.CopyFrom(message)
+    task.status.timestamp.FromSeconds(1000 + index)
+
+
+async def test_a_task_saved_frame_by_frame_round_trips_and_each_message_is_written_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,000 frames of one task, saved as the SDK saves them (the same Task,
+    grown in place): every message reaches the file once, not once per
+    later save, and the task comes back exactly, from memory and the file."""
+    from a2a.helpers import new_text_message
+    from a2a.types import Role
+
+    from a2a_orchestrator import taskstore
+    from a2a_orchestrator.wire import write_at_once
+
+    written: list[int] = []
+    original = taskstore.write_rows
+
+    def counting(conn: Any, rows: Any) -> int:
+        rows = list(rows)
+        written.extend(len(write.messages) for write in rows)
+        return original(conn, rows)
+
+    monkeypatch.setattr(taskstore, "write_rows", counting)
+    path = tmp_path / "t.db"
+    me = as_user("me")
+    with anyio.fail_after(60):
+        for coalesce in (0.0, 60.0):
+            store = SQLiteTaskStore(path, coalesce=coalesce, write_now=write_at_once)
+            long = task(f"long-{coalesce}", "c1", TaskState.TASK_STATE_SUBMITTED, 1)
+            long.history.append(new_text_message("go", role=Role.ROLE_USER))
+            await store.save(long, me)
+            long.status.state = TaskState.TASK_STATE_WORKING
+            for index in range(2000):
+                sdk_frame(long, index)
+                await store.save(long, me)
+                if index in (0, 999, 1998):
+                    assert exact(await store.get(long.id, me)) == exact(long)
+            assert len(long.history) == 2000
+            assert exact(await store.get(long.id, me)) == exact(long)
+            # What the file holds (held frames written by close).
+            store.close()
+            assert exact(on_disk(path, long.id)) == exact(long)
+            reopened = SQLiteTaskStore(path)
+            assert exact(await reopened.get(long.id, me)) == exact(long)
+            [(recovered, owner)] = [
+                (t, o) for t, o in await reopened.unfinished() if t.id == long.id
+            ]
+            assert exact(recovered) == exact(long) and owner == "me"
+            listed = await reopened.list(ListTasksRequest(context_id="c1"), me)
+            assert exact(listed.tasks[0]) == exact(long)
+            reopened.close()
+            # Each message was written once (the first frame had none to move).
+            assert sum(written) == 2000
+            written.clear()
+
+
+async def test_a_history_that_is_not_an_extension_is_written_whole(tmp_path: Path) -> None:
+    from a2a.helpers import new_text_message
+    from a2a.types import Role
+
+    def with_history(*ids: str) -> Task:
+        built = task("t1", "c1", TaskState.TASK_STATE_WORKING, 1)
+        for message_id in ids:
+            message = new_text_message(f"text of {message_id}", role=Role.ROLE_AGENT)
+            message.message_id = message_id
+            built.history.append(message)
+        return built
+
+    path = tmp_path / "t.db"
+    me = as_user("me")
+    with anyio.fail_after(10):
+        for coalesce in (0.0, 60.0):
+            store = SQLiteTaskStore(path, coalesce=coalesce)
+            versions = [
+                with_history("a", "b", "c"),
+                with_history("a", "b", "c", "d"),  # an append
+                with_history("a", "x"),  # shorter
+                with_history("a", "y", "z", "w"),  # another message where "x" was
+                with_history("a", "y", "z", "w", "v"),  # an append to that
+                with_history(),  # emptied
+                with_history("q"),
+            ]
+            for version in versions:
+                await store.save(version, me)
+                assert exact(await store.get("t1", me)) == exact(version)
+                await store.flush()
+                assert exact(on_disk(path, "t1")) == exact(version)
+            store.close()
+            reopened = SQLiteTaskStore(path)
+            assert exact(await reopened.get("t1", me)) == exact(versions[-1])
+            # A task read back from the file is extended from what it holds.
+            longer = with_history("q", "r")
+            await reopened.save(longer, me)
+            reopened.close()
+            assert exact(on_disk(path, "t1")) == exact(longer)
+            path.unlink()
+
+
+async def test_another_owner_cannot_touch_a_tasks_history(tmp_path: Path) -> None:
+    from a2a.helpers import new_text_message
+    from a2a.types import Role
+
+    path = tmp_path / "t.db"
+    alice, bob = as_user("alice"), as_user("bob")
+    with anyio.fail_after(10):
+        store = SQLiteTaskStore(path, coalesce=60.0)
+        hers = task("t1", "c1", TaskState.TASK_STATE_WORKING, 1)
+        hers.history.append(new_text_message("hers", role=Role.ROLE_USER))
+        await store.save(hers, alice)
+        his = task("t1", "c1", TaskState.TASK_STATE_WORKING, 2)
+        his.history.extend(new_text_message(f"his {i}", role=Role.ROLE_USER) for i in range(3))
+        await store.save(his, bob)
+        await store.delete("t1", bob)
+        store.close()
+        assert exact(on_disk(path, "t1")) == exact(hers)
+        reopened = SQLiteTaskStore(path)
+        assert exact(await reopened.get("t1", alice)) == exact(hers)
+        assert await reopened.get("t1", bob) is None
+        await reopened.delete("t1", alice)
+        reopened.close()
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM task_history").fetchone() == (0,)
+
+
+async def test_held_frames_a_failed_write_took_are_written_later_in_order(
+    tmp_path: Path,
+) -> None:
+    """A write that fails (here SQLite refusing it, by a trigger on the
+    store's own connection) puts its frames back before the ones held since;
+    a save written at once that fails raises and keeps what was held."""
+    from a2a_orchestrator.errors import StoreError
+
+    path = tmp_path / "t.db"
+    me = as_user("me")
+    from a2a_orchestrator.wire import write_at_once
+
+    with anyio.fail_after(10):
+        store = SQLiteTaskStore(path, coalesce=60.0, write_now=write_at_once)
+        live = task("t1", "c1", TaskState.TASK_STATE_WORKING, 1)
+        await store.save(live, me)
+        written = Task()
+        written.CopyFrom(live)
+        for index in (0, 2):  # two calls, held
+            sdk_frame(live, index)
+            await store.save(live, me)
+        store._db.execute(
+            "CREATE TEMP TRIGGER refuse BEFORE INSERT ON task_history "
+            "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        await store.flush()  # fails, logs, keeps them
+        sdk_frame(live, 4)
+        await store.save(live, me)  # held after them
+        held = Task()
+        held.CopyFrom(live)
+        sdk_frame(live, 5)  # a tool result: written at once, and refused
+        with pytest.raises(StoreError):
+            await store.save(live, me)
+        assert exact(on_disk(path, "t1")) == exact(written)
+        assert exact(await store.get("t1", me)) == exact(held)
+        store._db.execute("DROP TRIGGER refuse")
+        await store.save(live, me)  # the same frame again, written
+        assert exact(on_disk(path, "t1")) == exact(live)
+        assert exact(await store.get("t1", me)) == exact(live)
+        store.close()
+
+
+async def test_a_file_of_the_whole_task_layout_is_read_and_migrated(tmp_path: Path) -> None:
+    """A file written before the history had rows of its own: each task's
+    row holds the whole task. Opening it moves the histories into rows."""
+    import sqlite3
+
+    from a2a.helpers import new_text_message
+    from a2a.types import Role
+
+    path = tmp_path / "old.db"
+    me = as_user("me")
+    old = task("old", "c1", TaskState.TASK_STATE_WORKING, 5)
+    for index in range(5):
+        sdk_frame(old, index)
+    done = task("done", "c1", TaskState.TASK_STATE_COMPLETED, 3)
+    done.history.append(new_text_message("finished long ago", role=Role.ROLE_USER))
+    bare = task("bare", "c2", TaskState.TASK_STATE_SUBMITTED, 2)
+    with sqlite3.connect(path) as conn:
+        # The schema as the previous version of the store created it.
+        conn.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS tasks (
+                id TEXT PRIMARY KEY,
+                owner TEXT NOT NULL,
+                context_id TEXT NOT NULL,
+                state INTEGER NOT NULL,
+                updated_ns INTEGER NOT NULL,
+                data BLOB NOT NULL
+            );
+            CREATE INDEX IF NOT EXISTS tasks_owner_updated
+                ON tasks (owner, updated_ns DESC, id DESC);
+            CREATE INDEX IF NOT EXISTS tasks_context ON tasks (context_id);
+            """
+        )
+        for stored in (old, done, bare):
+            conn.execute(
+                "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    stored.id,
+                    "me",
+                    stored.context_id,
+                    int(stored.status.state),
+                    stored.status.timestamp.ToNanoseconds(),
+                    stored.SerializeToString(),
+                ),
+            )
+    conn.close()
+    with anyio.fail_after(10):
+        store = SQLiteTaskStore(path)
+        for stored in (old, done, bare):
+            assert exact(await store.get(stored.id, me)) == exact(stored)
+            assert exact(on_disk(path, stored.id)) == exact(stored)
+        listed = await store.list(ListTasksRequest(context_id="c1"), me)
+        assert [exact(t) for t in listed.tasks] == [exact(old), exact(done)]
+        assert sorted(t.id for t, _ in await store.unfinished()) == ["bare", "old"]
+        sdk_frame(old, 5)
+        await store.save(old, me)
+        store.close()
+    assert exact(on_disk(path, "old")) == exact(old)
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT task_id, COUNT(*) FROM task_history GROUP BY task_id")
+        assert dict(rows.fetchall()) == {"old": 5, "done": 1}
+    conn.close()
+
+
+def test_the_head_is_every_field_of_a_task_but_its_history() -> None:
+    """The head is built field by field: a field a newer SDK adds to Task
+    must be added there, or the store would drop it."""
+    from a2a_orchestrator.taskrows import HEAD_FIELDS
+
+    assert {field.name for field in Task.DESCRIPTOR.fields} - {"history"} == HEAD_FIELDS
