@@ -7,6 +7,7 @@ then the files shipped with the package.
 
 from __future__ import annotations
 
+import functools
 import os
 import tomllib
 from pathlib import Path
@@ -26,8 +27,15 @@ def shipped_dir(kind: str) -> Path:
     mapped from the repository's top-level directory by hatch force-include);
     a source or editable checkout has only the repository's `<kind>/`.
     """
-    inside = _PACKAGE / f"_shipped_{kind}"
-    return inside if inside.is_dir() else _PACKAGE.parent / kind
+    return _shipped(_PACKAGE, kind)
+
+
+@functools.cache
+def _shipped(package: Path, kind: str) -> Path:
+    # Found once per package directory: it does not move while it runs, and
+    # every spawn looks its role up here.
+    inside = package / f"_shipped_{kind}"
+    return inside if inside.is_dir() else package.parent / kind
 
 
 def lookup_dirs(

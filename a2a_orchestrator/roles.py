@@ -231,7 +231,7 @@ def list_roles(
 
 
 class RoleCache:
-    """Parsed roles by resolved path, valid while the file's stat is unchanged."""
+    """Parsed roles by path, valid while the file's stat is unchanged."""
 
     MAX_ENTRIES = 512
     """Files kept; the least recently used is dropped past this."""
@@ -248,10 +248,13 @@ class RoleCache:
 
     def load(self, path: Path) -> Role:
         try:
-            key = (path.resolve(), path.name)
+            # Keyed by the path as given (no `resolve`: a realpath is an lstat
+            # per component, on every spawn); another spelling of the same
+            # file is cached apart, under the same stat check.
+            key = (path, path.name)
             # Taken before the read: an edit landing in between gives a newer
             # stat next time, so the file is read again rather than kept stale.
-            st = os.stat(key[0])
+            st = os.stat(path)
         except (OSError, RuntimeError):
             return self._parse(path)  # the parse reports the problem
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -290,7 +290,9 @@ class ChildRecord:
     completed_at: float | None = None
 
     def to_row(self) -> dict[str, Any]:
-        row = asdict(self)
+        # Field by field: every field but `config` is a scalar, and `asdict`
+        # deep-copied the config only for it to be dumped to JSON.
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
         row["config"] = json.dumps(self.config)
         return row
 
