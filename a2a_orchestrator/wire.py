@@ -47,11 +47,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from a2a.helpers import get_message_text, new_data_part, new_text_part
+from a2a.helpers import get_message_text, new_text_part
 from a2a.types import Message, Part, Role, StreamResponse, Task, TaskState
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Value
@@ -252,12 +253,19 @@ def working_part(event: ChildEvent) -> Part | None:
         case MessageDelta(text=text) | AssistantMessage(text=text):
             return new_text_part(text)
         case ToolCalled(call_id=call_id, tool=tool, arguments=arguments):
-            return new_data_part({"callId": call_id, "tool": tool, "arguments": arguments})
+            return _data_part({"callId": call_id, "tool": tool, "arguments": arguments})
         case ToolResult(call_id=call_id, tool=tool, output=output, success=success):
-            return new_data_part(
-                {"callId": call_id, "tool": tool, "output": output, "success": success}
-            )
+            data = {"callId": call_id, "tool": tool, "output": output, "success": success}
+            return _data_part(data)
     return None
+
+
+def _data_part(data: dict[str, Any]) -> Part:
+    """`new_data_part(data)`, the same part, built by protobuf's own `Struct.update`
+    (a third of the time of a2a-sdk's `ParseDict`, on the hot path of every tool event)."""
+    value = Value()
+    value.struct_value.update(data)
+    return Part(data=value)
 
 
 async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
@@ -397,8 +405,27 @@ def _decode_part(part: Part) -> ChildEvent | None:
     # a batch does not hold today) read their usage and reason as a message's.
     meta = {} if kind in _WORKING_KINDS else from_wire(plain(MessageToDict(part.metadata)))
     text = part.text if part.HasField("text") else ""
-    data: Any = from_wire(plain(MessageToDict(part.data))) if part.HasField("data") else {}
+    data: Any = from_wire(_python(part.data)) if part.HasField("data") else {}
     return _event(kind, uuid, meta, text, data if isinstance(data, dict) else {})
+
+
+def _python(value: Value) -> Any:
+    """`plain(MessageToDict(value))` without json_format's generic walk (every
+    part of a batch is read so): whole numbers as ints, `ValueError` for a
+    number JSON cannot hold."""
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return {key: _python(item) for key, item in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_python(item) for item in value.list_value.values]
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise ValueError(f"a number JSON cannot hold: {number}")
+        return int(number) if number.is_integer() and abs(number) <= _EXACT else number
+    if kind in ("string_value", "bool_value"):
+        return getattr(value, kind)
+    return None
 
 
 _WORKING_KINDS = frozenset({"message_delta", "message", "tool_called", "tool_result"})
