@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 from a2a.types import Part, TaskState
 
 from .events import ChildEvent
@@ -62,7 +63,9 @@ class FrameBatcher:
         self._max_bytes = max_bytes
         self._pending: list[tuple[ChildEvent, Part]] = []
         self._bytes = 0
-        self._sending = anyio.Lock()
+        # Taken without a checkpoint when free: the flusher, once it runs,
+        # sends what is queued then, not after the turn's next step.
+        self._sending = anyio.Lock(fast_acquire=True)
         self._wake = anyio.Event()
         self._failure: Exception | None = None
         """Why the flusher's send failed (raised to the turn at its next event)."""
@@ -82,8 +85,13 @@ class FrameBatcher:
             await self.flush()
         self._pending.append((event, part))
         self._bytes += size
-        if now or len(self._pending) >= self._max_events or self._bytes >= self._max_bytes:
+        if now:
             await self.flush()
+        elif len(self._pending) >= self._max_events or self._bytes >= self._max_bytes:
+            await self.flush()
+            # A turn that never yields would queue every frame before the
+            # server writes any: the full batch goes on its way first.
+            await anyio.lowlevel.checkpoint()
         else:
             self._wake.set()
 
