@@ -15,6 +15,12 @@ the caller confirms with `pause` or releases with `resume`, a rules update
 that drops the rule releases it, and nobody deciding within `HOLD_LIMIT`
 seconds releases it too. Rules live as long as the task's running turn.
 
+Frames: a turn's events go out as `wire.publish` sends them, one status
+update each; a request that activates the batch extension
+(`wire.BATCH_EXTENSION`) gets its turn's WORKING events batched
+(`frames.FrameBatcher`), and an event a pause rule holds the turn at is sent
+before the turn takes its next step.
+
 A child's configuration (system prompt, a subset of the role's tools, model,
 limits, a budget, the network turned off, an explicitly shared context)
 travels in the first message's
@@ -58,6 +64,7 @@ from .budgets import Budget, PriceTable
 from .conversations import HOLD_LIMIT, control, role_conversation, spent_in
 from .errors import ConfigError, ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, ToolCalled
+from .frames import FrameBatcher
 from .journal import JournalRow, ToolJournal
 from .models.base import ChatMessage, Model
 from .overrides import Overrides, check_wire_overrides, offered_models
@@ -68,6 +75,7 @@ from .taskstore import ObservedTaskStore
 from .tools import Sandbox, Workspace
 from .transcript import rebuild_transcript
 from .wire import (
+    BATCH_EXTENSION,
     CONFIG_KEY,
     PAUSE_ON_KEY,
     history_entries,
@@ -322,13 +330,20 @@ class RoleExecutor(AgentExecutor):
                 history=[context.message] if context.message else [],
             )
 
+        # The caller reads batched frames (`frames.py`): only then are they sent.
+        frames = FrameBatcher(updater) if BATCH_EXTENSION in context.requested_extensions else None
+
         async def emit(event: ChildEvent) -> None:
             nonlocal opening
-            self._hold_on_match(task_id, event)
+            held = self._hold_on_match(task_id, event)
             if opening is not None:
                 first, opening = opening, None
                 await self._open_task(first, event_queue)
-            await publish(updater, event)
+            if frames is None:
+                await publish(updater, event)
+            else:
+                # A held event reaches the caller before the turn waits.
+                await frames.publish(event, now=held)
 
         refused = self._refusal(task_id)
         if refused:
@@ -361,7 +376,8 @@ class RoleExecutor(AgentExecutor):
             with tracing.served_turn(
                 context.call_context, role=self.role.name, task_id=task_id, context_id=context_id
             ) as traced:
-                terminal = traced.ended(await conversation.run(text, emit, cap=cap))
+                async with frames.flushing() if frames else contextlib.nullcontext():
+                    terminal = traced.ended(await conversation.run(text, emit, cap=cap))
         finally:
             ended.set()
             if self._turn_ended.get(task_id) is ended:
@@ -529,19 +545,21 @@ class RoleExecutor(AgentExecutor):
         with anyio.move_on_after(_STOP_GRACE):
             await ended.wait()
 
-    def _hold_on_match(self, task_id: str, event: ChildEvent) -> None:
-        """Hold the task's conversation when `event` matches one of its pause rules."""
+    def _hold_on_match(self, task_id: str, event: ChildEvent) -> bool:
+        """Hold the task's conversation when `event` matches one of its pause
+        rules; True if this event holds it."""
         rules = self._pause_rules.get(task_id)
         # A terminal event ends the turn: there is no next step to hold.
         if not rules or event.kind in TERMINAL_KINDS:
-            return
+            return False
         conversation = self.conversation(task_id)
         if conversation is None or conversation.paused:
-            return
+            return False
         for rule_id, selector in rules.items():
             if selector.selects(event):
                 conversation.hold(rule_id, HOLD_LIMIT)
-                return
+                return True
+        return False
 
     def _replace_rules(self, task_id: str, rules: Mapping[str, Selector]) -> bool:
         current = self._pause_rules.get(task_id)

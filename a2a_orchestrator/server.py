@@ -85,7 +85,16 @@ from .taskstore import ObservedTaskStore, SQLiteTaskStore
 from .tools import Sandbox, Workspace
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
-from .wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY, write_at_once
+from .wire import (
+    BATCH_EXTENSION,
+    BATCH_KIND,
+    CONTROL_EXTENSION,
+    CONTROL_KEY,
+    EVENT_ID_KEY,
+    EVENT_KEY,
+    PAUSE_ON_KEY,
+    write_at_once,
+)
 
 if TYPE_CHECKING:
     from a2a.server.cluster import TaskEventStream, VersionedTaskStore
@@ -199,6 +208,17 @@ CONTROL_CARD_EXTENSION = AgentExtension(
 )
 
 
+BATCH_CARD_EXTENSION = AgentExtension(
+    uri=BATCH_EXTENSION,
+    description="Batched child events: a request that activates this extension "
+    "(A2A-Extensions header) may get several WORKING events of its task in one status "
+    f"update: its message's metadata is {{{EVENT_KEY!r}: {BATCH_KIND!r}}}, and each part "
+    f"is one event, whose part metadata {{{EVENT_KEY!r}: kind, {EVENT_ID_KEY!r}: uuid}} "
+    "names it. Without it, every event is a status update of its own.",
+    required=False,
+)
+
+
 def build_card(
     role: Role,
     url: str,
@@ -231,7 +251,7 @@ def build_card(
         url=url,
         skills=skills,
         auth=auth,
-        extensions=[CONTROL_CARD_EXTENSION],
+        extensions=[CONTROL_CARD_EXTENSION, BATCH_CARD_EXTENSION],
         access=access,
         legacy=legacy,
     )

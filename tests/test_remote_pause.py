@@ -218,7 +218,8 @@ async def test_pause_rules_on_the_wire(tmp_path: Path) -> None:
         ):
             async with httpx.AsyncClient() as http:
                 card = (await http.get(server.url + "/.well-known/agent-card.json")).json()
-            (extension,) = card["capabilities"]["extensions"]
+            extensions = card["capabilities"]["extensions"]
+            extension = next(e for e in extensions if e["uri"] == CONTROL_EXTENSION)
             assert extension["uri"] == CONTROL_EXTENSION
             assert "pause_on" in extension["params"]["actions"]
 

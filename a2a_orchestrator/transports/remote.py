@@ -44,6 +44,11 @@ one that has passed its last step boundary refuses ("not running"), and the
 text goes back to the handle as a turn of its own, as does held steering
 the turn ended without sending.
 
+Batched frames: with an agent whose card declares `wire.BATCH_EXTENSION`,
+every call activates it (`extensions.py`), so a busy child's events come
+several to a status update; the decoder gives them one by one, each by its
+uuid, from a stream, a re-subscription or a task's history alike.
+
 A reopened child that is not resuming (`connect=False`) reads no agent card
 until it is given work, so a finished child stays readable from the store
 while its agent is down.
@@ -121,6 +126,7 @@ from ..wire import (
     transcript_from_history,
 )
 from .credentials import credential_service
+from .extensions import ExtensionsInterceptor, wanted_extensions
 from .grpc_channels import GrpcChannels, grpc_error, is_grpc_error
 from .propagation import TraceContextInterceptor
 from .tolerant import tolerate_naive_timestamps
@@ -956,6 +962,10 @@ class RemoteDelegate:
     def _client(self, spec: AgentSpec, card: AgentCard, *, streaming: bool) -> Client:
         service = self._credentials(spec)
         interceptors: list[ClientCallInterceptor] = [TraceContextInterceptor()]
+        extensions = wanted_extensions(card)
+        if extensions:
+            # Batched frames (`frames.py`), from an agent that offers them.
+            interceptors.append(ExtensionsInterceptor(extensions))
         if service is not None:
             interceptors.append(AuthInterceptor(service))
         config = ClientConfig(

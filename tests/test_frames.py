@@ -1,0 +1,391 @@
+"""Batched frames (the batch extension, `frames.py`): a busy child's events in
+few status updates for a caller that asks, one per event for any other, and
+what one frame per event guaranteed kept: the same events in the same order,
+a pause rule holding the child at its event, recovery after a role server's
+crash, and task histories written either way read back alike.
+
+Role servers are real (on 127.0.0.1, and in a process of its own for the
+crash), the clients are stock a2a-sdk clients or the orchestrator's remote
+transport; only the model is scripted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from a2a.client import Client, ClientCallContext
+from a2a.helpers import new_text_message
+from a2a.server.events import EventQueueLegacy
+from a2a.server.tasks import TaskUpdater
+from a2a.types import (
+    GetTaskRequest,
+    Message,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    Task,
+    TaskState,
+)
+from conftest import a2a_client, role_server
+from test_at_most_once import _wait_for_text
+from test_delegation import session_for
+from test_recovery import start_role_server
+
+from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    MessageDelta,
+    ToolCalled,
+    ToolResult,
+)
+from a2a_orchestrator.frames import FrameBatcher
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.roles import find_role
+from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.session import Session
+from a2a_orchestrator.store import Store
+from a2a_orchestrator.transcript import INTERRUPTED_CALL
+from a2a_orchestrator.wire import (
+    BATCH_EXTENSION,
+    BATCH_KIND,
+    CONTROL_KEY,
+    EVENT_ID_KEY,
+    EVENT_KEY,
+    PAUSE_ON_KEY,
+    StreamDecoder,
+    history_entries,
+    write_at_once,
+)
+
+pytestmark = pytest.mark.anyio
+
+BATCHED = ClientCallContext(service_parameters={"A2A-Extensions": BATCH_EXTENSION})
+"""A call that activates the batch extension (as the remote transport's calls do)."""
+
+HELD_FOR = 0.2
+"""How long a held child is watched for a step: a step here takes microseconds."""
+
+
+def busy(calls: int, tool: str = "no_such_tool") -> list[dict[str, Any]]:
+    """`calls` calls in one step of a tool the role lacks (each answered at
+    once, so the turn emits its events without yielding), then an answer."""
+    step = [{"name": tool, "arguments": {"n": n}} for n in range(calls)]
+    return [{"tool_calls": step}, {"text": "done"}]
+
+
+def go(text: str = "go", **metadata: Any) -> SendMessageRequest:
+    message = new_text_message(text, role=Role.ROLE_USER)
+    if metadata:
+        message.metadata.update(metadata)
+    return SendMessageRequest(message=message)
+
+
+async def frames_of(
+    client: Client, request: SendMessageRequest, context: ClientCallContext | None
+) -> tuple[list[StreamResponse], list[ChildEvent]]:
+    """A turn's frames and the events they decode to."""
+    decoder = StreamDecoder()
+    responses: list[StreamResponse] = []
+    events: list[ChildEvent] = []
+    async for response in client.send_message(request, context=context):
+        responses.append(response)
+        events.extend(decoder.decode(response))
+    return responses, events
+
+
+def status_messages(responses: list[StreamResponse]) -> list[Message]:
+    return [
+        r.status_update.status.message
+        for r in responses
+        if r.WhichOneof("payload") == "status_update"
+    ]
+
+
+def kind_of(message: Message) -> str:
+    """A message's `EVENT_KEY` ("" for one that has none, a caller's)."""
+    value = message.metadata.fields.get(EVENT_KEY)
+    return value.string_value if value is not None else ""
+
+
+def kinds(events: list[ChildEvent]) -> list[str]:
+    return [e.kind for e in events]
+
+
+# -- few frames, the same events ------------------------------------------------------
+
+
+async def test_a_busy_child_reaches_the_orchestrator_as_the_local_events_in_few_frames(
+    tmp_path: Path,
+) -> None:
+    script = busy(100)
+    with anyio.fail_after(60):
+        relayed: dict[str, list[ChildEvent]] = {}
+        for transport in ("local", "remote"):
+            work = tmp_path / transport
+            work.mkdir()
+            async with session_for(transport, work, script) as session:
+                handle = await session.spawn(ChildConfig(role="coder", prompt="go"))
+                relayed[transport] = [event async for event in handle.events()]
+        async with role_server(tmp_path, script) as server, a2a_client(server.url) as client:
+            plain, plain_events = await frames_of(client, go(), None)
+            batched, batched_events = await frames_of(client, go(), BATCHED)
+    # The orchestrator's remote child: the in-process child's events, in order.
+    assert relayed["remote"] == relayed["local"]
+    expected = ["started", *["tool_called"] * 100, *["tool_result"] * 100, "message_delta"]
+    assert kinds(relayed["local"]) == [*expected, "message", "done"]
+    assert [e.arguments for e in relayed["remote"] if isinstance(e, ToolCalled)] == [
+        {"n": n} for n in range(100)
+    ]
+    # A stock client that does not ask: one status update per event, as ever.
+    assert plain_events == batched_events == relayed["local"]
+    messages = status_messages(plain)
+    assert len(messages) == len(plain_events)
+    for message, event in zip(messages, plain_events, strict=True):
+        assert message.message_id == event.uuid
+        assert message.metadata[EVENT_KEY] == event.kind
+        assert len(message.parts) == 1 and not message.parts[0].HasField("metadata")
+        assert not message.extensions
+    # One that asks: the 200 tool events in one frame (a turn that did not
+    # yield), the state changes alone as before.
+    messages = status_messages(batched)
+    assert len(messages) < 10
+    batches = [m for m in messages if m.metadata[EVENT_KEY] == BATCH_KIND]
+    assert [len(m.parts) for m in batches] == [200, 2]
+    for message in batches:
+        assert list(message.extensions) == [BATCH_EXTENSION]
+        for part in message.parts:
+            assert set(part.metadata.keys()) == {EVENT_KEY, EVENT_ID_KEY}
+    assert [m.metadata[EVENT_KEY] for m in messages if m not in batches] == ["started", "done"]
+    # Each event keeps its own uuid.
+    assert len({e.uuid for e in batched_events}) == len(batched_events)
+
+
+async def test_batches_are_bounded_and_never_wait_for_more_events() -> None:
+    """Straight on a2a-sdk's event queue: a batch ends at the event bound or the
+    byte budget, a lone event is an ordinary frame, and what is queued goes
+    out as soon as the producer yields, with no further event to push it."""
+    queue = EventQueueLegacy()
+    updater = TaskUpdater(queue, "t1", "c1")
+    batcher = FrameBatcher(updater, max_events=4, max_bytes=2_000)
+
+    async def sent() -> list[Any]:
+        frames: list[Any] = []
+        with anyio.move_on_after(0.05):
+            while True:
+                frames.append(await queue.dequeue_event())
+        return frames
+
+    def event_counts(frames: list[Any]) -> list[int]:
+        counts = []
+        for frame in frames:
+            message = frame.status.message
+            counts.append(len(message.parts) if message.metadata[EVENT_KEY] == BATCH_KIND else 1)
+        return counts
+
+    with anyio.fail_after(10):
+        async with batcher.flushing():
+            for n in range(10):  # no await that yields in between
+                await batcher.publish(MessageDelta(text=f"{n}"))
+            await batcher.publish(
+                ToolResult(call_id="big", tool="t", output="x" * 3_000, success=True)
+            )
+            await batcher.publish(AssistantMessage(text="after"))
+            # The producer yields (reading the queue): what it queued goes out.
+            frames = deltas = await sent()
+            assert event_counts(frames) == [4, 4, 2, 1, 1]
+            big = frames[3].status.message
+            assert big.metadata[EVENT_KEY] == "tool_result"
+            assert not big.parts[0].HasField("metadata")
+            # The budget flushed the deltas before the big result, not with it.
+            assert frames[2].status.message.metadata[EVENT_KEY] == BATCH_KIND
+            await batcher.publish(ToolCalled(call_id="c", tool="t"))
+            await batcher.publish(ToolResult(call_id="c", tool="t", output="ok", success=True))
+            await batcher.publish(Done(text="done"))
+            frames = await sent()
+    # The Done flushed the batch before it, then went alone (artifact, status).
+    assert [type(f).__name__ for f in frames] == [
+        "TaskStatusUpdateEvent",
+        "TaskArtifactUpdateEvent",
+        "TaskStatusUpdateEvent",
+    ]
+    batch = frames[0].status
+    assert batch.message.metadata[EVENT_KEY] == BATCH_KIND
+    # The task store writes a frame holding a tool result at once, batched too.
+    assert write_at_once(Task(id="t1", status=batch))
+    assert not write_at_once(Task(id="t1", status=deltas[0].status))  # deltas only
+    assert frames[2].status.state == TaskState.TASK_STATE_COMPLETED
+
+
+# -- pause rules ---------------------------------------------------------------------
+
+
+async def test_a_pause_rule_holds_the_child_at_an_event_inside_a_would_be_batch(
+    tmp_path: Path,
+) -> None:
+    """The fifth of ten instant calls matches: the turn would send all twenty
+    events in one frame, but the held event goes out at once and the child
+    takes no step past it until the rule is dropped."""
+    calls = [{"name": "no_such_tool", "arguments": {"n": n}} for n in range(10)]
+    calls[4] = {"name": "other_tool", "arguments": {"n": 4}}
+    script = [{"tool_calls": calls}, {"text": "done"}]
+    rule = {"r1": {"kind": "tool_result", "tool": "other_tool"}}
+    events: list[ChildEvent] = []
+    per_frame: list[int] = []
+    matched = anyio.Event()
+    task_ids: list[str] = []
+    with anyio.fail_after(30):
+        async with (
+            role_server(tmp_path, script) as server,
+            a2a_client(server.url) as client,
+            a2a_client(server.url, streaming=False) as control,
+        ):
+
+            async def read() -> None:
+                decoder = StreamDecoder()
+                async for response in client.send_message(
+                    go(**{PAUSE_ON_KEY: rule}), context=BATCHED
+                ):
+                    if response.WhichOneof("payload") == "task":
+                        task_ids.append(response.task.id)
+                    decoded = decoder.decode(response)
+                    per_frame.append(len(decoded))
+                    events.extend(decoded)
+                    if any(isinstance(e, ToolResult) and e.tool == "other_tool" for e in decoded):
+                        matched.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await matched.wait()
+                await anyio.sleep(HELD_FOR)
+                at_match = list(events)
+                (task_id,) = task_ids
+                held = server.executor.conversation(task_id)
+                assert held is not None and held.held == "r1"
+                release = new_text_message("drop the rule", role=Role.ROLE_USER)
+                release.task_id = task_id
+                release.metadata.update({CONTROL_KEY: "pause_on", PAUSE_ON_KEY: {}})
+                async for _ in control.send_message(SendMessageRequest(message=release)):
+                    break
+    # Nothing past the match while held: ten calls announced, five answered.
+    assert kinds(at_match) == ["started", *["tool_called"] * 10, *["tool_result"] * 5]
+    last = at_match[-1]
+    assert isinstance(last, ToolResult) and last.tool == "other_tool"
+    assert max(per_frame) > 1  # the events before the match came batched with it
+    assert kinds(events)[len(at_match) :] == [
+        *["tool_result"] * 5,
+        "message_delta",
+        "message",
+        "done",
+    ]
+    assert held.held is None and not held.paused
+
+
+# -- recovery ------------------------------------------------------------------------
+
+
+async def test_a_role_server_killed_mid_turn_still_tells_what_was_interrupted(
+    tmp_path: Path,
+) -> None:
+    """Twenty instant calls (batched into the stored history) and a command
+    running when the role server is killed -9: the restarted server ends the
+    task lost, the child's events are each relayed once, and the next turn's
+    model sees the twenty results and the command answered as interrupted."""
+    command = "echo start >> runs.txt; sleep 30"
+    calls = [{"name": "no_such_tool", "arguments": {"n": n}} for n in range(20)]
+    calls.append({"name": "run_command", "arguments": {"command": command}})
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool_calls": calls}]))
+    db = tmp_path / "role.db"
+    process, url = start_role_server(tmp_path, 0, db, script)
+    port = int(url.rsplit(":", 1)[1])
+    seen: list[list[dict[str, Any]]] = []
+
+    def after_restart(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        seen.append(list(messages))
+        return {"text": "done"}
+
+    store = Store(tmp_path / "o.db")
+    network = Network.of(AgentSpec(name="remote", role="coder", url=url))
+    try:
+        with anyio.fail_after(60):
+            async with Session(store, workdir=tmp_path, network=network, lost_after=20) as session:
+                handle = await session.spawn(ChildConfig(role="remote", prompt="run them"))
+                await _wait_for_text(tmp_path / "runs.txt", "start")
+                while sum(isinstance(e, ToolResult) for e in handle.log) < 20:
+                    await anyio.sleep(0.02)
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                async with run_role_server(
+                    find_role("coder"),
+                    ScriptedModel(after_restart),
+                    tmp_path,
+                    db=str(db),
+                    port=port,
+                ):
+                    first = await handle.result()
+                    stored = await handle.run.client.get_task(GetTaskRequest(id=handle.run.task_id))
+                    await handle.send("go on")
+                    second = await handle.result()
+                events = list(handle.log)
+    finally:
+        store.close()
+        process.kill()
+        process.wait()
+    # The calls' events were stored as one batch (the command's start made
+    # the turn yield), and read back from it.
+    batches = [m for m in stored.history if kind_of(m) == BATCH_KIND]
+    assert [len(m.parts) for m in batches] == [41]
+    assert isinstance(first, Failed) and first.reason == "lost"
+    assert "role server stopped while this task ran" in first.message
+    assert isinstance(second, Done) and second.text == "done"
+    first_turn = events[: events.index(first) + 1]
+    assert kinds(first_turn) == ["started", *["tool_called"] * 21, *["tool_result"] * 20, "failed"]
+    assert len({e.uuid for e in events}) == len(events)
+    (messages,) = seen
+    tool_answers = [m["content"] for m in messages if m["role"] == "tool"]
+    assert len(tool_answers) == 21 and tool_answers[-1] == INTERRUPTED_CALL
+    assert all("Unknown tool" in answer for answer in tool_answers[:20])
+    assert messages[-1] == {"role": "user", "content": "go on"}
+
+
+# -- histories -----------------------------------------------------------------------
+
+
+async def test_histories_written_either_way_read_back_alike(tmp_path: Path) -> None:
+    """A task a caller without the extension ran (one history message per
+    event, as every task stored before it) and one batched decode to the
+    same events; a replay of either gives nothing twice."""
+    with anyio.fail_after(30):
+        async with role_server(tmp_path, busy(20)) as server, a2a_client(server.url) as client:
+            plain, plain_events = await frames_of(client, go(), None)
+            batched, batched_events = await frames_of(client, go(), BATCHED)
+            tasks = []
+            for responses in (plain, batched):
+                task_id = next(r.task.id for r in responses if r.WhichOneof("payload") == "task")
+                tasks.append(await client.get_task(GetTaskRequest(id=task_id)))
+    old, new = tasks
+    assert len(old.history) > 40 and len(new.history) < 10
+    entries = [history_entries(task) for task in tasks]
+    assert entries[0] == entries[1] == ["go", *plain_events]
+    assert [e.uuid for e in entries[1][1:]] == [e.uuid for e in batched_events]
+    for task in tasks:
+        decoder = StreamDecoder()
+        replayed = decoder.decode_task(task)
+        assert replayed == plain_events
+        assert decoder.decode_task(task) == []  # a re-subscription's snapshot
+    # A stream that breaks after a batch and is re-attached: the snapshot
+    # holds the batch again, and none of its events comes twice.
+    decoder = StreamDecoder()
+    first_frames = [r for r in batched if r.WhichOneof("payload") != "task"][:2]
+    early = [e for r in first_frames for e in decoder.decode(r)]
+    assert len(early) > 1
+    assert early + decoder.decode_task(new) == batched_events
