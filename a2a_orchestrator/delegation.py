@@ -510,6 +510,12 @@ class ChildHandle:
             marked = recorded and not self._pending
             self._queue(_Queued(text, recorded, marked_running=marked))
 
+    def given(self, text: str) -> None:
+        """The child's first input, stored with its row by the spawner: its
+        first turn, now."""
+        self._accepting_input()
+        self._queue(_Queued(text, recorded=True, marked_running=True))
+
     async def steer(self, text: str) -> Literal["steer", "turn"]:
         """Give the child `text` exactly once, and store it before returning:
         `steer` when the running turn takes it, `turn` when it opens a turn

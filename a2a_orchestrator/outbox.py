@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from .events import ChildEvent
@@ -132,6 +133,12 @@ class Outbox:
 
     async def _flush_task(self) -> None:
         with anyio.CancelScope(shield=True):
+            # One more pass of the loop first: a child that emitted an event
+            # and then yielded (to its model, to a frame that is on its way)
+            # often has the next ones ready by then, and they share the
+            # transaction (a local turn's started, message and done: one
+            # commit instead of two).
+            await anyio.lowlevel.checkpoint()
             await self._flush()
 
     async def _flush(self) -> None:

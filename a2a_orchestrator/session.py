@@ -322,14 +322,23 @@ class Session:
             a2a_context_id=run.context_id,
             a2a_message_id=run.message_id,
         )
-        await self.store.add_child(record)
-        handle = self._hold(record, spec, run)
+        refused: StoreError | None = None
         try:
-            await handle.send(config.prompt)
+            # The row and its first input in one transaction.
+            first = (self.id, child_id, RecordKind.INPUT, {"text": config.prompt}, None)
+            await self.store.append_events([first], new_child=record)
         except StoreError as exc:
-            # The child's own store failed: the child ends failed, its
-            # spawner and its siblings go on.
-            await handle.fail(exc)
+            # Maybe only the input was refused (the child's own writes
+            # fail): the row alone, and the child ends failed while its
+            # spawner and its siblings go on. A row that cannot be written
+            # either raises here, as it did before anything was stored.
+            await self.store.add_child(record)
+            refused = exc
+        handle = self._hold(record, spec, run)
+        if refused is not None:
+            await handle.fail(refused)
+        else:
+            handle.given(config.prompt)
         handle.start(tg)
         return handle
 

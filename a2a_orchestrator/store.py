@@ -309,6 +309,10 @@ class ChildRecord:
         return cls(**data)
 
 
+def _insert_child_sql(row: Mapping[str, Any]) -> str:
+    return f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+
+
 @dataclass(frozen=True, kw_only=True)
 class StoredEvent:
     """One transcript entry: a child event, or an input given to a child."""
@@ -425,8 +429,7 @@ class Store:
 
     async def add_child(self, record: ChildRecord) -> None:
         row = record.to_row()
-        sql = f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
-        await self._write(lambda conn: conn.execute(sql, list(row.values())))
+        await self._write(lambda conn: conn.execute(_insert_child_sql(row), list(row.values())))
 
     async def update_child(self, child_id: str, **changes: Any) -> None:
         """Change fields of a child's row; `NotFoundError` when there is none."""
@@ -584,13 +587,19 @@ class Store:
         entries: Iterable[tuple[str, str | None, str, Mapping[str, Any], str | None]],
         *,
         child_changes: Mapping[str, Any] | None = None,
+        new_child: ChildRecord | None = None,
     ) -> list[StoredEvent | None]:
-        """Append several entries atomically, in order (session, child, kind, payload, uuid)."""
+        """Append several entries atomically, in order (session, child, kind,
+        payload, uuid); `new_child` is added in the same transaction, first
+        (a spawn's row and its first input: one commit, not two)."""
         batch = list(entries)
         changes = dict(child_changes or {})
+        child_row = new_child.to_row() if new_child is not None else None
 
         def insert(conn: sqlite3.Connection) -> list[StoredEvent | None]:
             stored: list[StoredEvent | None] = []
+            if child_row is not None:
+                conn.execute(_insert_child_sql(child_row), list(child_row.values()))
             if changes and batch and batch[0][1] is not None:
                 assignments = ", ".join(f"{name} = ?" for name in changes)
                 conn.execute(

@@ -143,6 +143,10 @@ def _numbered(sql: str) -> str:
     return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
 
 
+def _insert_child_sql(row: Mapping[str, Any]) -> str:
+    return f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('%s' for _ in row)})"
+
+
 class Tx:
     """Statements on one connection: SQL with printf-style placeholders,
     rows as dicts."""
@@ -386,10 +390,7 @@ class PgStore(Store):
 
     async def add_child(self, record: ChildRecord) -> None:
         row = record.to_row()
-        await self._execute(
-            f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('%s' for _ in row)})",
-            row.values(),
-        )
+        await self._execute(_insert_child_sql(row), row.values())
 
     async def update_child(self, child_id: str, **changes: Any) -> None:
         from sqlite_utils.db import NotFoundError  # what the SQLite store raises
@@ -482,13 +483,17 @@ class PgStore(Store):
         entries: Iterable[tuple[str, str | None, str, Mapping[str, Any], str | None]],
         *,
         child_changes: Mapping[str, Any] | None = None,
+        new_child: ChildRecord | None = None,
     ) -> list[StoredEvent | None]:
         batch = list(entries)
         changes = dict(child_changes or {})
         spend_columns = ", ".join(_SPEND_COLUMNS)
+        child_row = new_child.to_row() if new_child is not None else None
 
         async def insert(tx: Tx) -> list[StoredEvent | None]:
             stored: list[StoredEvent | None] = []
+            if child_row is not None:
+                await tx.execute(_insert_child_sql(child_row), list(child_row.values()))
             if changes and batch and batch[0][1] is not None:
                 assignments = ", ".join(f"{name} = %s" for name in changes)
                 await tx.execute(
