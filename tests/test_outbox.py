@@ -207,3 +207,34 @@ async def test_back_pressure_bounds_what_is_queued_and_keeps_order() -> None:
     assert delivered == list(range(100))
     assert max(batches) <= 8
     assert most <= 9  # the limit, and the one put that then waits for it
+
+
+async def test_a_quick_turn_costs_three_commits_spawn_included(tmp_path: Path) -> None:
+    """A spawn stores the child's row and its first input together, and the
+    turn's three events share transactions: three commits at most where a
+    write each made five."""
+    path = tmp_path / "orchestrator.db"
+    store = Store(path)
+    statements: list[str] = []
+    try:
+        with anyio.fail_after(10):
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=NETWORK,
+                delegates={"local": MemoryDelegate(lambda turn: f"echo {turn.text}")},
+            ) as session:
+                await (await session.spawn(ChildConfig(role="busy", prompt="warm"))).result()
+                store._file.conn.set_trace_callback(statements.append)
+                handle = await session.spawn(ChildConfig(role="busy", prompt="hi"))
+                result = await handle.result()
+                store._file.conn.set_trace_callback(None)
+                rows = await store.events(session.id, child_id=handle.child_id)
+                record = await store.get_child(handle.child_id)
+    finally:
+        store.close()
+
+    assert result == Done(text="echo hi")
+    assert [row.kind for row in rows] == ["input", "started", "message", "done"]
+    assert record is not None and record.status == "completed"
+    assert sum(1 for s in statements if s.strip().upper() == "COMMIT") <= 3
