@@ -39,6 +39,7 @@ Contract of `ChildHandle`:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -211,7 +212,12 @@ class ChildConfig:
         return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        # Field by field, copying only what is mutable: every spawn stores
+        # its config, and `asdict` deep-copied all of it.
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["metadata"] = copy.deepcopy(self.metadata) if self.metadata else {}
+        if isinstance(self.budget, dict):
+            data["budget"] = copy.deepcopy(self.budget)
         data["tools"] = list(self.tools) if self.tools is not None else None
         data["shared_context"] = [dict(m) for m in self.shared_context]
         if isinstance(self.budget, Budget):

@@ -53,14 +53,9 @@ def lookup_dirs(
     may be listed twice (a first-hit lookup finds the same file either way,
     without resolving every directory's path).
     """
-    base = Path.cwd() if cwd is None else Path(cwd)
-    user_home = Path.home() if home is None else Path(home)
-    candidates = [
-        base / kind,
-        base / ".a2a" / kind,
-        user_home / ".config" / "a2a-orchestrator" / kind,
-        shipped_dir(kind),
-    ]
+    base = os.getcwd() if cwd is None else os.fspath(cwd)
+    user_home = os.path.expanduser("~") if home is None else os.fspath(home)
+    candidates = list(_candidates(kind, base, user_home, _PACKAGE))
     if not distinct:
         return candidates
     seen: set[Path] = set()
@@ -71,6 +66,18 @@ def lookup_dirs(
             seen.add(key)
             dirs.append(directory)
     return dirs
+
+
+@functools.lru_cache(maxsize=64)
+def _candidates(kind: str, base: str, home: str, package: Path) -> tuple[Path, ...]:
+    # Built once per directory pair: every spawn looks its role up, and
+    # these are a dozen pathlib objects each time.
+    return (
+        Path(base) / kind,
+        Path(base) / ".a2a" / kind,
+        Path(home) / ".config" / "a2a-orchestrator" / kind,
+        _shipped(package, kind),
+    )
 
 
 def toml_tables(path: str | Path, key: str, what: str) -> list[tuple[str, dict[str, Any]]]:
