@@ -506,6 +506,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
+        from .tracing import quiet_sdk_spans
+
+        # Before a2a-sdk is imported: it reads the switch then.
+        quiet_sdk_spans()
         # Imported once the command is known: `--help` and a usage error need
         # neither, and the commands import much more than the parser does.
         if args.command == "up":

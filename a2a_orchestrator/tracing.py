@@ -32,14 +32,16 @@ Contract:
 - a2a-sdk's own spans (queues, dispatchers: about a hundred a delegation)
   are left out unless OTEL_INSTRUMENTATION_A2A_SDK_ENABLED=true; they would
   bury ours, and leaving them out keeps their children's parents intact
-  (the API's no-op tracer hands the current span through).
+  (the API's no-op tracer hands the current span through). Unless it is
+  set, the CLI also keeps a2a-sdk from making them (`quiet_sdk_spans`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
@@ -114,6 +116,24 @@ def wanted(environ: Mapping[str, str] | None = None) -> list[str]:
         return [] if "none" in named else named
     endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     return ["otlp"] if any(env.get(name, "").strip() for name in endpoints) else []
+
+
+def quiet_sdk_spans(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Turn a2a-sdk's own spans off for this process unless
+    OTEL_INSTRUMENTATION_A2A_SDK_ENABLED is set; True when it did.
+
+    Exported or not, they are left out unless that variable says `true`
+    (see the module docstring), but a2a-sdk still makes them: it wraps
+    about a hundred of its calls per delegation, each a lookup in
+    `os.environ` and a span, about a tenth of a role server's CPU in a
+    fan-out (bench/fanout.py). a2a-sdk reads the switch when it is
+    imported, so the CLI calls this first thing; once a2a-sdk is loaded it
+    does nothing (a host process that imported it keeps its own choice)."""
+    env = os.environ if environ is None else environ
+    if SDK_SPANS in env or "a2a.utils.telemetry" in sys.modules:
+        return False
+    env[SDK_SPANS] = "false"
+    return True
 
 
 def _exporter(name: str, environ: Mapping[str, str]) -> Any:

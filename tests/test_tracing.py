@@ -327,3 +327,35 @@ async def test_trace_context_travels_over_json_rpc_and_grpc(transport: str, tmp_
     assert server.parent.is_remote  # it came over the wire
     (model,) = [s for s in spans if s.name.startswith("chat ")]
     assert model.parent is not None and model.parent.span_id == server.context.span_id
+
+
+def test_the_sdk_spans_are_not_made_unless_asked_for(tmp_path: Path) -> None:
+    """a2a-sdk's own spans are left out of what is exported, but cost all
+    the same: the CLI turns them off (before a2a-sdk reads its switch)
+    unless the switch is set. Each case in a fresh interpreter, as a
+    command starts."""
+    code = (
+        "import os, sys; from a2a_orchestrator.cli import main;"
+        " main(['status', '--store', sys.argv[1]]);"
+        " import a2a.utils.telemetry as t;"
+        " print(os.environ.get('OTEL_INSTRUMENTATION_A2A_SDK_ENABLED'), t.otel_enabled)"
+    )
+    base = {k: v for k, v in os.environ.items() if k != tracing.SDK_SPANS}
+
+    def outcome(**env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "store.db")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**base, **OFFLINE, **env},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    assert outcome() == "false False"
+    assert outcome(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9") == "false False"
+    assert outcome(OTEL_INSTRUMENTATION_A2A_SDK_ENABLED="true") == "true True"
+    quiet: dict[str, str] = {}
+    assert tracing.quiet_sdk_spans(quiet) is False  # a2a-sdk is loaded in this process
+    assert quiet == {}
