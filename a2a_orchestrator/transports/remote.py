@@ -836,6 +836,11 @@ _DRAIN_LIMIT = 0.25
 _WAITING = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
 
 
+POOLS_PER_AGENT = 8
+"""Connection pools a delegate keeps per agent server (see `RemoteDelegate._pools`):
+a thousand children over four servers make about 31 connections a pool."""
+
+
 class RemoteDelegate:
     """Opens children on remote A2A agents (`Delegate` for agents with a URL).
 
@@ -869,12 +874,17 @@ class RemoteDelegate:
         """Where children of agents in push mode receive their updates
         (None: they stream)."""
         self._timeouts = httpx.Timeout(timeout, read=stream_timeout)
+        # One TLS context for every pool: httpx makes (and loads the CA
+        # certificates into) a new one per client otherwise, 20 ms each.
+        self._tls = httpx.create_ssl_context() if http is None else None
         self.http = http or self._pool()
-        self._pools: dict[str, httpx.AsyncClient] = {}
-        """An own connection pool per agent server, when the delegate owns its
-        clients: httpcore looks through every connection of a pool on each
-        request's start and end, so one pool for a thousand children's
-        streams over four servers spent most of a fan-out's CPU there."""
+        self._pools: dict[str, list[httpx.AsyncClient]] = {}
+        """Connection pools of their own per agent server (`POOLS_PER_AGENT`,
+        taken in turn by the children), when the delegate owns its clients:
+        httpcore looks through every connection of a pool, checking each
+        one's socket, at every request's start and end, so one pool for a
+        thousand children's streams spent most of a fan-out's CPU there."""
+        self._turns: dict[str, int] = {}
         self.lost_after = lost_after
         self.retry_interval = retry_interval
         self.idle_probe = idle_probe
@@ -887,6 +897,7 @@ class RemoteDelegate:
 
     def _pool(self) -> httpx.AsyncClient:
         http = httpx.AsyncClient(
+            verify=self._tls if self._tls is not None else True,
             timeout=self._timeouts,
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
@@ -901,10 +912,11 @@ class RemoteDelegate:
             return self.http
         parsed = httpx.URL(url)
         origin = f"{parsed.scheme}://{parsed.netloc.decode('ascii')}"
-        pool = self._pools.get(origin)
-        if pool is None:
-            pool = self._pools[origin] = self._pool()
-        return pool
+        pools = self._pools.setdefault(origin, [])
+        turn = self._turns[origin] = (self._turns.get(origin, -1) + 1) % POOLS_PER_AGENT
+        if turn == len(pools):
+            pools.append(self._pool())
+        return pools[turn]
 
     async def card(self, spec: AgentSpec) -> AgentCard:
         """The agent's card (cached per URL and key), its signature checked
@@ -1065,7 +1077,8 @@ class RemoteDelegate:
     async def aclose(self) -> None:
         await self.grpc.aclose()
         if self._own_http:
-            pools, self._pools = list(self._pools.values()), {}
+            pools = [pool for each in self._pools.values() for pool in each]
+            self._pools = {}
             for http in [self.http, *pools]:
                 await http.aclose()
 
