@@ -219,6 +219,10 @@ class ToolJournal:
         where = "scope = ? AND (finished_at IS NULL OR outcome = 'interrupted')"
         return await self._rows(where, [scope])
 
+    async def started_calls(self, scope: str) -> list[JournalRow]:
+        """Every call of `scope` that started (open or closed, any outcome)."""
+        return await self._rows("scope = ?", [scope])
+
     async def interrupted(self, scope: str) -> set[str]:
         """Call ids of `scope` that a crash interrupted (open, or closed as such)."""
         return {row.call_id for row in await self.interrupted_calls(scope)}

@@ -10,25 +10,30 @@ on a real SQLite file; SQLite's own trace counts the commits.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import pytest
+from crash_tool import mark_script, network, with_mark
 
 from a2a_orchestrator import MemoryDelegate
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import StoreError
 from a2a_orchestrator.events import ChildEvent, Done, Failed, ToolCalled, ToolResult
+from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.outbox import Outbox
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
+from a2a_orchestrator.transcript import INTERRUPTED_CALL
 from a2a_orchestrator.transports.memory import Turn
 
 pytestmark = pytest.mark.anyio
 
+HERE = Path(__file__).parent
 NETWORK = Network.of(AgentSpec(name="busy", role="busy"))
 CALLS = 300
 
@@ -207,3 +212,48 @@ async def test_back_pressure_bounds_what_is_queued_and_keeps_order() -> None:
     assert delivered == list(range(100))
     assert max(batches) <= 8
     assert most <= 9  # the limit, and the one put that then waits for it
+
+
+@pytest.mark.parametrize(
+    ("moment", "lost", "runs"),
+    [
+        # The call's start is journaled, its announcement not yet written.
+        ("start", ["started", "tool_called"], ""),
+        # The tool ran and its journal row is closed; its result not yet written.
+        ("finish", ["tool_result"], "ran\n"),
+    ],
+)
+async def test_a_call_whose_events_a_kill_9_lost_is_told_interrupted_never_run_again(
+    tmp_path: Path, moment: str, lost: list[str], runs: str
+) -> None:
+    store_path = tmp_path / "o.db"
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    crash = [sys.executable, str(HERE / "crash_tool.py"), str(store_path), "s1", str(workdir)]
+    with anyio.fail_after(60):
+        crashed = await anyio.run_process([*crash, moment], check=False)
+    assert crashed.returncode == -9, crashed.stderr.decode()
+    conn = sqlite3.connect(store_path)
+    try:
+        stored = [kind for (kind,) in conn.execute("SELECT kind FROM events ORDER BY seq")]
+    finally:
+        conn.close()
+    assert not set(lost) & set(stored)  # the crash this test is about
+
+    store = Store(store_path)
+    model = ScriptedModel(mark_script)
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store, workdir=workdir, network=network(), models=lambda n: model, session_id="s1"
+            ) as session:
+                with_mark(session, workdir)
+                [handle] = await session.recover()
+                result = await handle.result()
+    finally:
+        store.close()
+    runs_file = workdir / "runs.txt"
+    # The journal says the call started: it may have run, so it is not run
+    # again, and the model is told so (not that it never ran).
+    assert isinstance(result, Done) and result.text == "tool said: " + INTERRUPTED_CALL
+    assert (runs_file.read_text() if runs_file.exists() else "") == runs
