@@ -19,8 +19,8 @@ from ..budgets import Budget, PriceTable, Spend
 from ..conversations import HOLD_LIMIT, apply_child_config, control, role_conversation, spent_in
 from ..delegation import CANCELED_TEXT, ChildConfig, Emit, IdentityListener, Resume
 from ..errors import ConfigError, OrchestratorError
-from ..events import TERMINAL_KINDS, ChildEvent, ToolCalled, ToolResult
-from ..journal import CallJournal, JournalRow, ToolJournal
+from ..events import TERMINAL_KINDS, ChildEvent, ToolCalled
+from ..journal import CallJournal, JournalRow, ToolJournal, unanswered
 from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
 from ..roles import find_role
@@ -45,18 +45,17 @@ def _journaled(
     A child's events are written behind it (`outbox.py`) while its journal
     rows are written at once, so a crash can keep a call's announcement
     (`ToolCalled`) or its result from the store after the journal recorded
-    its start or its close. Every call the journal saw start whose result is
-    not stored may have run: it is answered as interrupted, never run again.
-    An announcement lost this way (of a call the crash left open, `closed`
-    by recovery now) is put back at the end, where the crash cut the turn."""
+    its start or its close: every call that started without a stored result
+    is interrupted (`journal.unanswered`), and an announcement lost this way
+    (of a call the crash left open, `closed` by recovery now) is put back at
+    the end, where the crash cut the turn."""
     announced = {e.call_id for e in entries if isinstance(e, ToolCalled)}
-    answered = {e.call_id for e in entries if isinstance(e, ToolResult)}
     lost = [
         ToolCalled(call_id=row.call_id, tool=row.tool, arguments=row.arguments)
         for row in closed
         if row.call_id not in announced
     ]
-    return [*entries, *lost], {row.call_id for row in started if row.call_id not in answered}
+    return [*entries, *lost], {row.call_id for row in unanswered(started, entries)}
 
 
 def narrow_workspace(workspace: Workspace, subdir: str) -> Workspace:
