@@ -800,13 +800,24 @@ class ChildHandle:
     async def _fail(self, event: Failed) -> None:
         """End the turn failed; when even that cannot be stored (its store
         fails), the handle still ends it failed here, in memory."""
-        try:
-            await self._emit(event)
-        except Exception:
-            logger.exception("child %s: its failure could not be stored", self.child_id)
-            if event.uuid not in self._uuids:
-                self._record(event)
-                self._notify()
+        # Twice with an outbox: the failure may have shared its first
+        # transaction with an event the store refused, and goes alone next.
+        attempts = 2 if self._outbox is not None else 1
+        for attempt in range(attempts):
+            if self._outbox is not None and self._outbox.take_failure() is not None:
+                # A batch of this turn's events was not written: the turn
+                # fails all the same, and its failure is stored if it can be.
+                logger.warning("child %s: some of its events could not be stored", self.child_id)
+            try:
+                await self._emit(event)
+                return
+            except Exception:
+                if attempt + 1 < attempts:
+                    continue
+                logger.exception("child %s: its failure could not be stored", self.child_id)
+                if event.uuid not in self._uuids:
+                    self._record(event)
+                    self._notify()
 
     def _set_status(self, status: ChildStatus) -> None:
         self._status = status

@@ -65,7 +65,7 @@ from .conversations import HOLD_LIMIT, control, role_conversation, spent_in
 from .errors import ConfigError, ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, ToolCalled
 from .frames import FrameBatcher
-from .journal import JournalRow, ToolJournal
+from .journal import JournalRow, ToolJournal, unanswered
 from .models.base import ChatMessage, Model
 from .overrides import Overrides, check_wire_overrides, offered_models
 from .roles import Role
@@ -483,7 +483,10 @@ class RoleExecutor(AgentExecutor):
         journal = self.journal
         interrupted = None
         if journal is not None:
-            calls = await journal.interrupted_calls(task.context_id)
+            # Every call that started without a stored result, also one
+            # whose row was closed before its result frame was saved.
+            started = await journal.started_calls(task.context_id)
+            calls = unanswered(started, (e for entries in per_task for e in entries))
             interrupted = {row.call_id for row in calls}
             _restore_lost_calls(per_task, calls)
         entries = [e for task_entries in per_task for e in task_entries]

@@ -26,11 +26,12 @@ from typing import Any
 
 import anyio.to_thread
 
+from .events import ToolResult
 from .models.base import ToolCall
 from .procs import end_leftovers, start_ticks
 from .sqlitefile import SQLiteFile
 
-__all__ = ["CallJournal", "JournalRow", "ToolJournal", "create_table"]
+__all__ = ["CallJournal", "JournalRow", "ToolJournal", "create_table", "unanswered"]
 
 _COLUMNS = (
     "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
@@ -57,6 +58,15 @@ def _boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+def unanswered(rows: Iterable[JournalRow], entries: Iterable[object]) -> list[JournalRow]:
+    """The calls of `rows` (calls that started) whose result `entries` (a
+    rebuilt transcript's) lacks: a crash stopped them, or lost their result
+    after their row was closed (a call's events are written after its row,
+    behind the runtime), so each may have run and is answered as interrupted."""
+    answered = {entry.call_id for entry in entries if isinstance(entry, ToolResult)}
+    return [row for row in rows if row.call_id not in answered]
 
 
 _PID = os.getpid()
@@ -218,6 +228,10 @@ class ToolJournal:
         """The calls of `scope` that a crash interrupted (open, or closed as such)."""
         where = "scope = ? AND (finished_at IS NULL OR outcome = 'interrupted')"
         return await self._rows(where, [scope])
+
+    async def started_calls(self, scope: str) -> list[JournalRow]:
+        """Every call of `scope` that started (open or closed, any outcome)."""
+        return await self._rows("scope = ?", [scope])
 
     async def interrupted(self, scope: str) -> set[str]:
         """Call ids of `scope` that a crash interrupted (open, or closed as such)."""

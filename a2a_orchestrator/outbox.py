@@ -115,6 +115,12 @@ class Outbox:
         if entry.error is not None:
             raise entry.error
 
+    def take_failure(self) -> BaseException | None:
+        """The failure of a write-behind batch nobody has heard of yet, now
+        no longer raised by the next `put` (a turn that fails anyway)."""
+        error, self._error = self._error, None
+        return error
+
     async def drain(self) -> None:
         """Wait until every event put so far is written and delivered."""
         await self._until(self._put)

@@ -115,6 +115,9 @@ class SharedToolJournal(ToolJournal):
         where = "scope = :scope AND (finished_at IS NULL OR outcome = 'interrupted')"
         return await self._select(where, {"scope": scope})
 
+    async def started_calls(self, scope: str) -> list[JournalRow]:
+        return await self._select("scope = :scope", {"scope": scope})
+
     async def recover(self, scope: str | None = None) -> list[JournalRow]:
         """Close the open calls of `scope`, a conversation whose lease this
         replica holds, as interrupted (ending what they left running here).

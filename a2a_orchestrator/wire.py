@@ -612,21 +612,28 @@ class StreamDecoder:
         if state in TURN_ENDING_STATES and replay and message is None:
             return []
         self.state, self._state_of = state, self.task_id
+        batch: list[ChildEvent] = []
         if message is not None:
             if message.message_id in self._seen:
                 return []
             self._seen.add(message.message_id)
             meta = _meta(message)
-            if isinstance(meta.get(EVENT_KEY), str):
-                return self._fresh(message, meta)
+            kind = meta.get(EVENT_KEY)
+            if isinstance(kind, str):
+                if kind != BATCH_KIND or state == TaskState.TASK_STATE_WORKING:
+                    return self._fresh(message, meta)
+                # A batch holds WORKING events: a peer that sends one with
+                # another state changes the state all the same (ends the
+                # turn, with its artifacts as the result), after its events.
+                batch, message = self._fresh(message, meta), None
         if state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_UNSPECIFIED):
-            return []
+            return batch
         text = get_message_text(message) if message is not None else ""
         # A foreign agent's message id names the event; a bare state change
         # is named by task and state, so a replay of it is recognised too.
         uuid = message.message_id if message is not None and message.message_id else ""
         uuid = uuid or f"{self.task_id}:{TaskState.Name(state)}"
-        events = self._start()
+        events = [*self._start(), *batch]
         match state:
             case TaskState.TASK_STATE_WORKING:
                 if text:

@@ -21,7 +21,9 @@ from a2a_orchestrator.journal import ToolJournal
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.procs import marked_processes
+from a2a_orchestrator.roles import find_role
 from a2a_orchestrator.runtime import Conversation
+from a2a_orchestrator.server import run_role_server
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.tools import Tool
@@ -217,6 +219,54 @@ async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) 
     assert runs.read_text() == "start\n"
     assert open_rows == [] and len(closed) == 1
     assert _no_leftovers(db) == []
+
+
+async def test_a_role_server_killed_after_a_call_closed_but_before_its_result_was_saved(
+    tmp_path: Path,
+) -> None:
+    """The role server dies right after closing a finished call's journal
+    row, before the task store saved the call's frames (the result is sent
+    behind the runtime, the announcement was coalesced): the call ran, so
+    the next turn's model is told it was interrupted, and it never runs again."""
+    script = tmp_path / "script.json"
+    call = {"name": "run_command", "arguments": {"command": "echo ran >> runs.txt"}}
+    script.write_text(json.dumps([{"tool_calls": [call]}, {"text": "done"}]))
+    db = tmp_path / "role.db"
+    kill_after = "UPDATE tool_calls SET finished_at"
+    launcher = (str(HERE / "crash_serve.py"), kill_after)
+    process, url = start_role_server(tmp_path, 0, db, script, launcher=launcher)
+    port = int(url.rsplit(":", 1)[1])
+    seen: list[list[dict[str, Any]]] = []
+
+    def after_restart(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        seen.append(list(messages))
+        return {"text": "went on"}
+
+    store = Store(tmp_path / "o.db")
+    remote = Network.of(AgentSpec(name="remote", role="coder", url=url))
+    try:
+        with anyio.fail_after(45):
+            async with Session(store, workdir=tmp_path, network=remote, lost_after=20) as session:
+                handle = await session.spawn(ChildConfig(role="remote", prompt="run it"))
+                await anyio.to_thread.run_sync(process.wait)
+                assert process.returncode == -signal.SIGKILL
+                model = ScriptedModel(after_restart)
+                async with run_role_server(
+                    find_role("coder"), model, tmp_path, db=str(db), port=port
+                ):
+                    first = await handle.result()
+                    await handle.send("go on")
+                    second = await handle.result()
+    finally:
+        store.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert isinstance(first, Failed) and first.reason == "lost"
+    assert isinstance(second, Done) and second.text == "went on"
+    assert (tmp_path / "runs.txt").read_text() == "ran\n"
+    (messages,) = seen
+    assert [m["content"] for m in messages if m["role"] == "tool"] == [INTERRUPTED_CALL]
 
 
 def test_a_call_journaled_but_never_announced_is_put_back_as_interrupted() -> None:

@@ -10,25 +10,30 @@ on a real SQLite file; SQLite's own trace counts the commits.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import pytest
+from crash_tool import mark_script, network, with_mark
 
 from a2a_orchestrator import MemoryDelegate
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import StoreError
 from a2a_orchestrator.events import ChildEvent, Done, Failed, ToolCalled, ToolResult
+from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.outbox import Outbox
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
+from a2a_orchestrator.transcript import INTERRUPTED_CALL
 from a2a_orchestrator.transports.memory import Turn
 
 pytestmark = pytest.mark.anyio
 
+HERE = Path(__file__).parent
 NETWORK = Network.of(AgentSpec(name="busy", role="busy"))
 CALLS = 300
 
@@ -238,3 +243,95 @@ async def test_a_quick_turn_costs_three_commits_spawn_included(tmp_path: Path) -
     assert [row.kind for row in rows] == ["input", "started", "message", "done"]
     assert record is not None and record.status == "completed"
     assert sum(1 for s in statements if s.strip().upper() == "COMMIT") <= 3
+
+
+@pytest.mark.parametrize(
+    ("moment", "lost", "runs"),
+    [
+        # The call's start is journaled, its announcement not yet written
+        # (the tool may have run before the kill landed, or not).
+        ("start", ["started", "tool_called"], ("", "ran\n")),
+        # The tool ran and its journal row is closed; its result (and maybe
+        # its announcement) not yet written.
+        ("finish", ["tool_result"], ("ran\n",)),
+    ],
+)
+async def test_a_call_whose_events_a_kill_9_lost_is_told_interrupted_never_run_again(
+    tmp_path: Path, moment: str, lost: list[str], runs: tuple[str, ...]
+) -> None:
+    store_path = tmp_path / "o.db"
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    crash = [sys.executable, str(HERE / "crash_tool.py"), str(store_path), "s1", str(workdir)]
+    with anyio.fail_after(60):
+        crashed = await anyio.run_process([*crash, moment], check=False)
+    assert crashed.returncode == -9, crashed.stderr.decode()
+    conn = sqlite3.connect(store_path)
+    try:
+        stored = [kind for (kind,) in conn.execute("SELECT kind FROM events ORDER BY seq")]
+    finally:
+        conn.close()
+    assert not set(lost) & set(stored)  # the crash this test is about
+    runs_file = workdir / "runs.txt"
+    ran_before = runs_file.read_text() if runs_file.exists() else ""
+    assert ran_before in runs
+
+    store = Store(store_path)
+    model = ScriptedModel(mark_script)
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store, workdir=workdir, network=network(), models=lambda n: model, session_id="s1"
+            ) as session:
+                with_mark(session, workdir)
+                [handle] = await session.recover()
+                result = await handle.result()
+    finally:
+        store.close()
+    # The journal says the call started: it may have run, so it is not run
+    # again, and the model is told so (not that it never ran).
+    assert isinstance(result, Done) and result.text == "tool said: " + INTERRUPTED_CALL
+    assert (runs_file.read_text() if runs_file.exists() else "") == ran_before
+
+
+async def test_a_turn_that_raises_after_a_refused_write_still_stores_its_failure(
+    tmp_path: Path,
+) -> None:
+    """The store refuses a child's tool results; the child's turn then
+    raises before it emits anything else. The failure is stored all the
+    same (alone, once the refused batch is dropped), with the child's row."""
+    path = tmp_path / "orchestrator.db"
+
+    async def worker(turn: Turn) -> AsyncIterator[str | ChildEvent]:
+        conn = sqlite3.connect(path)
+        conn.execute(
+            f"""CREATE TRIGGER refuse BEFORE INSERT ON events
+            WHEN NEW.child_id = '{turn.child_id}' AND NEW.kind = 'tool_result'
+            BEGIN SELECT RAISE(ABORT, 'write refused'); END"""
+        )
+        conn.commit()
+        conn.close()
+        for event in calls(1):
+            yield event
+        raise RuntimeError("the handler broke")
+
+    store = Store(path)
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=NETWORK,
+                delegates={"local": MemoryDelegate(worker)},
+            ) as session:
+                handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
+                failed = await handle.result()
+                record = await store.get_child(handle.child_id)
+                rows = await store.events(session.id, child_id=handle.child_id)
+    finally:
+        store.close()
+
+    assert isinstance(failed, Failed) and failed.reason == "error"
+    assert record is not None and record.status == "failed"
+    assert [row.kind for row in rows][-1] == "failed"
+    assert "tool_result" not in [row.kind for row in rows]

@@ -7,7 +7,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -121,10 +121,15 @@ async def test_kill_9_the_orchestrator_then_resume(tmp_path: Path) -> None:
 
 
 def start_role_server(
-    tmp_path: Path, port: int, db: Path, script: Path | None = None
+    tmp_path: Path,
+    port: int,
+    db: Path,
+    script: Path | None = None,
+    launcher: Sequence[str] = ("-m", "a2a_orchestrator.cli"),
 ) -> tuple[subprocess.Popen[str], str]:
     """`a2a-orchestrator serve coder` as its own process (tests SIGKILL it);
-    its model plays `script`, by default one slow answer."""
+    its model plays `script`, by default one slow answer. `launcher`: how
+    Python runs the CLI (`crash_serve.py` kills it at a chosen commit)."""
     if script is None:
         script = tmp_path / "slow.json"
         script.write_text('[{"text": "never", "delay": 60}]')
@@ -139,8 +144,7 @@ def start_role_server(
     process = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "a2a_orchestrator.cli",
+            *launcher,
             "serve",
             "coder",
             "--port",

@@ -32,12 +32,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import TERMINAL_KINDS, Done
+from a2a_orchestrator.events import TERMINAL_KINDS, AssistantMessage, Done
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.transports.tolerant import MAX_LINE, tolerate_naive_timestamps
+from a2a_orchestrator.wire import BATCH_KIND, EVENT_ID_KEY, EVENT_KEY
 
 pytestmark = pytest.mark.anyio
 
@@ -270,3 +271,39 @@ async def test_a_long_line_in_many_pieces_is_rewritten_whole_up_to_a_bound() -> 
                 with pytest.raises(httpx.DecodingError, match="longer than"):
                     await http.get(url)
     assert read == fine.replace(b'123456"', b'123456Z"')
+
+
+async def test_a_batch_on_a_terminal_frame_still_ends_the_turn_with_its_result(
+    tmp_path: Path,
+) -> None:
+    # The ADK stream whose COMPLETED frame carries a message marked as a
+    # batch (which holds WORKING events only): an untrusted peer's mistake.
+    # Its events are read, and its state still ends the turn with the
+    # artifact's text as the result, as a plain COMPLETED frame does.
+    data = recording("adk_to_a2a")
+    exchange = data["exchanges"][0]
+    frames = exchange["response"].split("\r\n\r\n")
+    at = next(i for i, f in enumerate(frames) if "TASK_STATE_COMPLETED" in f)
+    frame = json.loads(frames[at].removeprefix("data: "))
+    part = {"text": "checked twice", "metadata": {EVENT_KEY: "message", EVENT_ID_KEY: "p1"}}
+    frame["result"]["statusUpdate"]["status"]["message"] = {
+        "messageId": "batch-1",
+        "role": "ROLE_AGENT",
+        "parts": [part],
+        "metadata": {EVENT_KEY: BATCH_KIND},
+    }
+    frames[at] = "data: " + json.dumps(frame)
+    exchange["response"] = "\r\n\r\n".join(frames)
+    with anyio.fail_after(30):
+        async with replaying(data) as peer:
+            network = Network.of(AgentSpec(name="peer", role="peer", url=peer.url))
+            store = Store(tmp_path / "o.db")
+            try:
+                async with Session(store, workdir=tmp_path, network=network) as session:
+                    child = await session.spawn(ChildConfig(role="peer", prompt="hello there"))
+                    result = await child.result()
+                    log = list(child.log)
+            finally:
+                store.close()
+    assert isinstance(result, Done) and result.text == "echo: hello there"
+    assert [e.uuid for e in log if isinstance(e, AssistantMessage)][-1] == "p1"
