@@ -746,18 +746,13 @@ class ChildHandle:
         # never holds the child up.
         with anyio.CancelScope(shield=True):
             # Stored first: a crash after this line loses no result.
-            if self._sink is not None and not await self._sink(self, event):
-                self._uuids.add(event.uuid)
-                return
-            self._record(event)
-            if self._on_event is not None:
-                await self._on_event(self, event, self._release_after(event))
-            elif self._held_by_rule(event):
-                await self.run.resume()  # nobody watches to decide on the hold
-        self._notify()
+            fresh = self._sink is None or await self._sink(self, event)
+            await self._deliver(event, fresh)
+        if fresh:
+            self._notify()
 
     async def _deliver(self, event: ChildEvent, fresh: bool) -> None:
-        """An event the outbox wrote (`fresh`) or found stored already."""
+        """An event once written (`fresh`), or found stored already (a replay)."""
         if not fresh:
             self._uuids.add(event.uuid)
             return
@@ -765,7 +760,7 @@ class ChildHandle:
         if self._on_event is not None:
             await self._on_event(self, event, self._release_after(event))
         elif self._held_by_rule(event):
-            await self.run.resume()
+            await self.run.resume()  # nobody watches to decide on the hold
 
     def _record(self, event: ChildEvent) -> None:
         self._uuids.add(event.uuid)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -29,7 +30,7 @@ from a2a_orchestrator.outbox import Outbox
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.transcript import INTERRUPTED_CALL
-from a2a_orchestrator.transports.memory import Turn
+from a2a_orchestrator.transports.memory import Handler, Turn
 
 pytestmark = pytest.mark.anyio
 
@@ -60,35 +61,57 @@ def stored_uuids(path: Path) -> set[str]:
         conn.close()
 
 
+@asynccontextmanager
+async def session_of(handler: Handler, workdir: Path) -> AsyncIterator[Session]:
+    """A real Session on a real file (`workdir/orchestrator.db`) whose
+    children `handler` plays."""
+    store = Store(workdir / "orchestrator.db")
+    try:
+        async with Session(
+            store, workdir=workdir, network=NETWORK, delegates={"local": MemoryDelegate(handler)}
+        ) as session:
+            yield session
+    finally:
+        store.close()
+
+
+def refuse_results(path: Path, child_id: str) -> None:
+    """A trigger, in the real file, that refuses `child_id`'s tool results
+    as SQLite itself refuses a write."""
+    conn = sqlite3.connect(path)
+    conn.execute(
+        f"""CREATE TRIGGER refuse BEFORE INSERT ON events
+        WHEN NEW.child_id = '{child_id}' AND NEW.kind = 'tool_result'
+        BEGIN SELECT RAISE(ABORT, 'write refused'); END"""
+    )
+    conn.commit()
+    conn.close()
+
+
 async def test_a_busy_child_is_stored_in_few_transactions_in_order_and_heard_after_disk(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "orchestrator.db"
-    store = Store(path)
     statements: list[str] = []
     heard: list[ChildEvent] = []
     heard_before_disk: list[str] = []
-    try:
-        with anyio.fail_after(30):
-            async with Session(
-                store, workdir=tmp_path, network=NETWORK, delegates={"local": MemoryDelegate(busy)}
-            ) as session:
-                store._file.conn.set_trace_callback(statements.append)
-                async with session.relay() as relay:
-                    handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
-                    async for item in relay:
-                        # Heard: so it must be in the file already, read by
-                        # another connection.
-                        if item.event.uuid not in stored_uuids(path):
-                            heard_before_disk.append(item.event.kind)
-                        heard.append(item.event)
-                        if isinstance(item.event, Done | Failed):
-                            break
-                store._file.conn.set_trace_callback(None)
-                result = await handle.result()
-                rows = await store.events(session.id, child_id=handle.child_id)
-    finally:
-        store.close()
+    with anyio.fail_after(30):
+        async with session_of(busy, tmp_path) as session:
+            store = session.store
+            store._file.conn.set_trace_callback(statements.append)
+            async with session.relay() as relay:
+                handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
+                async for item in relay:
+                    # Heard: so it must be in the file already, read by
+                    # another connection.
+                    if item.event.uuid not in stored_uuids(path):
+                        heard_before_disk.append(item.event.kind)
+                    heard.append(item.event)
+                    if isinstance(item.event, Done | Failed):
+                        break
+            store._file.conn.set_trace_callback(None)
+            result = await handle.result()
+            rows = await store.events(session.id, child_id=handle.child_id)
 
     expected = [event.kind for event in calls(CALLS)]
     assert result == Done(text=f"made {CALLS} calls")
@@ -117,25 +140,17 @@ async def test_input_given_while_events_are_pending_is_stored_after_them(
             await gate.wait()
         yield f"turn {turn.number}"
 
-    store = Store(tmp_path / "orchestrator.db")
-    try:
-        with anyio.fail_after(30):
-            async with Session(
-                store,
-                workdir=tmp_path,
-                network=NETWORK,
-                delegates={"local": MemoryDelegate(worker)},
-            ) as session:
-                handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
-                await emitted.wait()
-                await handle.send("next")  # queued behind the running turn
-                await handle.steer("now")
-                gate.set()
-                while len([e for e in handle.log if isinstance(e, Done)]) < 3:
-                    await handle.wait()
-                rows = await store.events(session.id, child_id=handle.child_id)
-    finally:
-        store.close()
+    with anyio.fail_after(30):
+        async with session_of(worker, tmp_path) as session:
+            store = session.store
+            handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
+            await emitted.wait()
+            await handle.send("next")  # queued behind the running turn
+            await handle.steer("now")
+            gate.set()
+            while len([e for e in handle.log if isinstance(e, Done)]) < 3:
+                await handle.wait()
+            rows = await store.events(session.id, child_id=handle.child_id)
 
     kinds = [row.kind for row in rows]
     last_call = max(i for i, kind in enumerate(kinds) if kind == "tool_result")
@@ -150,34 +165,18 @@ async def test_a_write_behind_that_fails_fails_that_child_alone(tmp_path: Path) 
     async def worker(turn: Turn) -> AsyncIterator[str | ChildEvent]:
         if turn.config.prompt == "break":
             # Refuse this child's tool results from now on, in the real file.
-            conn = sqlite3.connect(path)
-            conn.execute(
-                f"""CREATE TRIGGER refuse BEFORE INSERT ON events
-                WHEN NEW.child_id = '{turn.child_id}' AND NEW.kind = 'tool_result'
-                BEGIN SELECT RAISE(ABORT, 'write refused'); END"""
-            )
-            conn.commit()
-            conn.close()
+            refuse_results(path, turn.child_id)
         for event in calls(50):
             yield event
             await anyio.lowlevel.checkpoint()
         yield "all stored"
 
-    store = Store(path)
-    try:
-        with anyio.fail_after(30):
-            async with Session(
-                store,
-                workdir=tmp_path,
-                network=NETWORK,
-                delegates={"local": MemoryDelegate(worker)},
-            ) as session:
-                broken = await session.spawn(ChildConfig(role="busy", prompt="break"))
-                failed = await broken.result()
-                sound = await session.spawn(ChildConfig(role="busy", prompt="fine"))
-                fine = await sound.result()
-    finally:
-        store.close()
+    with anyio.fail_after(30):
+        async with session_of(worker, tmp_path) as session:
+            broken = await session.spawn(ChildConfig(role="busy", prompt="break"))
+            failed = await broken.result()
+            sound = await session.spawn(ChildConfig(role="busy", prompt="fine"))
+            fine = await sound.result()
 
     assert isinstance(failed, Failed) and failed.reason == "error"
     assert "StoreError" in failed.message and "write refused" in failed.message
@@ -218,26 +217,17 @@ async def test_a_quick_turn_costs_three_commits_spawn_included(tmp_path: Path) -
     """A spawn stores the child's row and its first input together, and the
     turn's three events share transactions: three commits at most where a
     write each made five."""
-    path = tmp_path / "orchestrator.db"
-    store = Store(path)
     statements: list[str] = []
-    try:
-        with anyio.fail_after(10):
-            async with Session(
-                store,
-                workdir=tmp_path,
-                network=NETWORK,
-                delegates={"local": MemoryDelegate(lambda turn: f"echo {turn.text}")},
-            ) as session:
-                await (await session.spawn(ChildConfig(role="busy", prompt="warm"))).result()
-                store._file.conn.set_trace_callback(statements.append)
-                handle = await session.spawn(ChildConfig(role="busy", prompt="hi"))
-                result = await handle.result()
-                store._file.conn.set_trace_callback(None)
-                rows = await store.events(session.id, child_id=handle.child_id)
-                record = await store.get_child(handle.child_id)
-    finally:
-        store.close()
+    with anyio.fail_after(10):
+        async with session_of(lambda turn: f"echo {turn.text}", tmp_path) as session:
+            store = session.store
+            await (await session.spawn(ChildConfig(role="busy", prompt="warm"))).result()
+            store._file.conn.set_trace_callback(statements.append)
+            handle = await session.spawn(ChildConfig(role="busy", prompt="hi"))
+            result = await handle.result()
+            store._file.conn.set_trace_callback(None)
+            rows = await store.events(session.id, child_id=handle.child_id)
+            record = await store.get_child(handle.child_id)
 
     assert result == Done(text="echo hi")
     assert [row.kind for row in rows] == ["input", "started", "message", "done"]
@@ -303,33 +293,18 @@ async def test_a_turn_that_raises_after_a_refused_write_still_stores_its_failure
     path = tmp_path / "orchestrator.db"
 
     async def worker(turn: Turn) -> AsyncIterator[str | ChildEvent]:
-        conn = sqlite3.connect(path)
-        conn.execute(
-            f"""CREATE TRIGGER refuse BEFORE INSERT ON events
-            WHEN NEW.child_id = '{turn.child_id}' AND NEW.kind = 'tool_result'
-            BEGIN SELECT RAISE(ABORT, 'write refused'); END"""
-        )
-        conn.commit()
-        conn.close()
+        refuse_results(path, turn.child_id)
         for event in calls(1):
             yield event
         raise RuntimeError("the handler broke")
 
-    store = Store(path)
-    try:
-        with anyio.fail_after(30):
-            async with Session(
-                store,
-                workdir=tmp_path,
-                network=NETWORK,
-                delegates={"local": MemoryDelegate(worker)},
-            ) as session:
-                handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
-                failed = await handle.result()
-                record = await store.get_child(handle.child_id)
-                rows = await store.events(session.id, child_id=handle.child_id)
-    finally:
-        store.close()
+    with anyio.fail_after(30):
+        async with session_of(worker, tmp_path) as session:
+            store = session.store
+            handle = await session.spawn(ChildConfig(role="busy", prompt="go"))
+            failed = await handle.result()
+            record = await store.get_child(handle.child_id)
+            rows = await store.events(session.id, child_id=handle.child_id)
 
     assert isinstance(failed, Failed) and failed.reason == "error"
     assert record is not None and record.status == "failed"
