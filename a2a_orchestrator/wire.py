@@ -439,7 +439,12 @@ def events_of(message: Message, meta: dict[str, Any] | None = None) -> list[Chil
         meta = _meta(message)
     kind = meta.get(EVENT_KEY)
     if kind == BATCH_KIND:
-        return [event for part in message.parts if (event := _decode_part(part)) is not None]
+        events = [event for part in message.parts if (event := _decode_part(part)) is not None]
+        if len(events) < len(message.parts):
+            # Not ours to read (no kind, or one this version does not know):
+            # skipped, said once.
+            note_once("a batch", "parts that are no child event were skipped")
+        return events
     if not isinstance(kind, str):
         return []
     uuid = message.message_id or new_uuid()
