@@ -62,6 +62,7 @@ from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
 from . import tracing
 from .budgets import Budget, PriceTable
 from .conversations import HOLD_LIMIT, control, role_conversation, spent_in
+from .decoding import history_entries
 from .errors import ConfigError, ControlError
 from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, ToolCalled
 from .frames import FrameBatcher
@@ -78,7 +79,6 @@ from .wire import (
     BATCH_EXTENSION,
     CONFIG_KEY,
     PAUSE_ON_KEY,
-    history_entries,
     metadata_of,
     pause_rules_from_wire,
     publish,

@@ -69,19 +69,13 @@ from a2a.types import (
 )
 
 from .conversations import CONTROL_ACTIONS
+from .decoding import TURN_ENDING_STATES
 from .errors import ConfigError, ControlError
 from .executor import RoleExecutor
 from .quotas import Quotas
 from .selectors import Selector
 from .taskstore import context_owners
-from .wire import (
-    CONFIG_KEY,
-    CONTROL_KEY,
-    PAUSE_ON_KEY,
-    TURN_ENDING_STATES,
-    metadata_of,
-    pause_rules_from_wire,
-)
+from .wire import CONFIG_KEY, CONTROL_KEY, PAUSE_ON_KEY, metadata_of, pause_rules_from_wire
 
 __all__ = ["RoleRequestHandler"]
 

@@ -49,8 +49,9 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .callers import Limits
+from .decoding import usage_from_wire
 from .usage import UsageLog, today
-from .wire import metadata_of, usage_from_wire
+from .wire import metadata_of
 
 __all__ = [
     "CONCURRENCY_RETRY_AFTER",

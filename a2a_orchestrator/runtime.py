@@ -479,7 +479,7 @@ class Conversation:
                 return Done(text=text)
             # Announce the whole batch before running it: one assistant
             # message, then its results, which is also how the transcript is
-            # rebuilt from a task's history (wire.transcript_from_history).
+            # rebuilt from a task's history (decoding.transcript_from_history).
             for call in calls:
                 await emit(
                     ToolCalled(

@@ -36,6 +36,7 @@ from test_at_most_once import _wait_for_text
 from test_delegation import session_for
 from test_recovery import start_role_server
 
+from a2a_orchestrator.decoding import StreamDecoder, history_entries
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import (
     AssistantMessage,
@@ -61,8 +62,6 @@ from a2a_orchestrator.wire import (
     EVENT_ID_KEY,
     EVENT_KEY,
     PAUSE_ON_KEY,
-    StreamDecoder,
-    history_entries,
     write_at_once,
 )
 

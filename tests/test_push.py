@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from test_server import user_message
 
+from a2a_orchestrator.decoding import StreamDecoder
 from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.events import Done
 from a2a_orchestrator.models import ScriptedModel
@@ -46,7 +47,6 @@ from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.transports.push_receiver import PushReceiver
-from a2a_orchestrator.wire import StreamDecoder
 
 pytestmark = pytest.mark.anyio
 

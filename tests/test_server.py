@@ -21,8 +21,8 @@ from a2a.types import (
 )
 from conftest import a2a_client, role_server, running_with_args
 
+from a2a_orchestrator.decoding import StreamDecoder
 from a2a_orchestrator.events import ChildEvent, Done, Failed, InputRequired, ToolResult
-from a2a_orchestrator.wire import StreamDecoder
 
 pytestmark = pytest.mark.anyio
 

@@ -20,7 +20,7 @@ from ..wire import BATCH_EXTENSION
 __all__ = ["READ_EXTENSIONS", "ExtensionsInterceptor", "wanted_extensions"]
 
 READ_EXTENSIONS = (BATCH_EXTENSION,)
-"""Extensions whose frames the remote transport reads (`wire.events_of`)."""
+"""Extensions whose frames the remote transport reads (`decoding.events_of`)."""
 
 
 def wanted_extensions(card: AgentCard) -> list[str]:

@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..wire import StreamDecoder
+from ..decoding import StreamDecoder
 from .remote import RemoteRun
 
 if TYPE_CHECKING:

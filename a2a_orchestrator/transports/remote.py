@@ -102,6 +102,7 @@ from google.protobuf.json_format import MessageToDict
 
 from ..budgets import Budget
 from ..cards import verify_card
+from ..decoding import StreamDecoder, transcript_from_history
 from ..delegation import CANCELED_TEXT, ChildConfig, Emit, IdentityListener, Resume
 from ..errors import (
     AgentUnavailableError,
@@ -120,10 +121,8 @@ from ..wire import (
     CONTROL_EXTENSION,
     CONTROL_KEY,
     PAUSE_ON_KEY,
-    StreamDecoder,
     note_once,
     pause_rules_to_wire,
-    transcript_from_history,
 )
 from .credentials import credential_service
 from .extensions import ExtensionsInterceptor, wanted_extensions
