@@ -2,8 +2,9 @@
 
 Local and remote children produce the same events in the same order; over
 A2A they travel as task status updates and a result artifact (see `wire.py`,
-where that mapping is written once, and `decoding.py`, where it is read back). Every event is a frozen value with a
-`kind` discriminator and serialises to a plain dict for the store and JSONL.
+where that mapping is written once, and `decoding.py`, where it is read
+back). Every event is a frozen value with a `kind` discriminator and
+serialises to a plain dict for the store and JSONL.
 """
 
 from __future__ import annotations
