@@ -96,6 +96,7 @@ __all__ = [
     "pause_rules_to_wire",
     "plain",
     "publish",
+    "started_message",
     "struct_string",
     "to_wire",
     "working_part",
@@ -264,11 +265,9 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
         await _status(updater, working, [part], meta, event.uuid)
         return
     match event:
-        case Started(role=role, model=model):
-            meta.update(role=role, model=model)
-            await _status(
-                updater, working, [new_text_part(f"{role or 'agent'} started")], meta, event.uuid
-            )
+        case Started():
+            message = started_message(event, updater.new_agent_message([]))
+            await updater.update_status(working, message)
         case InputRequired(question=question, spent=spent):
             meta["spent"] = spent.as_dict()
             state = TaskState.TASK_STATE_INPUT_REQUIRED
@@ -291,6 +290,20 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
                 else TaskState.TASK_STATE_FAILED
             )
             await _status(updater, state, [new_text_part(message)], meta, event.uuid)
+
+
+def started_message(event: Started, message: Message) -> Message:
+    """`message` (an agent message of the task) made the status message a
+    turn's start goes out with: "ROLE started", the role and model in its
+    metadata, the event's uuid as its id. The status update it travels in
+    (`publish`) may be the task's own first frame instead (`executor.py`,
+    for a caller that reads batches)."""
+    meta = {EVENT_KEY: event.kind, "role": event.role, "model": event.model}
+    del message.parts[:]
+    message.parts.append(new_text_part(f"{event.role or 'agent'} started"))
+    message.metadata.update(to_wire(meta))
+    message.message_id = event.uuid
+    return message
 
 
 def write_at_once(task: Task) -> bool:

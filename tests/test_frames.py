@@ -153,8 +153,13 @@ async def test_a_busy_child_reaches_the_orchestrator_as_the_local_events_in_few_
         assert message.metadata[EVENT_KEY] == event.kind
         assert len(message.parts) == 1 and not message.parts[0].HasField("metadata")
         assert not message.extensions
-    # One that asks: the 200 tool events in one frame (a turn that did not
-    # yield), the state changes alone as before.
+    # One that asks: the turn's start in the task's own frame, the 200 tool
+    # events in one frame (a turn that did not yield), the end alone.
+    opening = batched[0].task
+    assert batched[0].WhichOneof("payload") == "task"
+    assert opening.status.state == TaskState.TASK_STATE_WORKING
+    assert opening.status.message.metadata[EVENT_KEY] == "started"
+    assert opening.status.message.message_id == batched_events[0].uuid
     messages = status_messages(batched)
     assert len(messages) < 10
     batches = [m for m in messages if m.metadata[EVENT_KEY] == BATCH_KIND]
@@ -163,7 +168,7 @@ async def test_a_busy_child_reaches_the_orchestrator_as_the_local_events_in_few_
         assert list(message.extensions) == [BATCH_EXTENSION]
         for part in message.parts:
             assert set(part.metadata.keys()) == {EVENT_KEY, EVENT_ID_KEY}
-    assert [m.metadata[EVENT_KEY] for m in messages if m not in batches] == ["started", "done"]
+    assert [m.metadata[EVENT_KEY] for m in messages if m not in batches] == ["done"]
     # Each event keeps its own uuid.
     assert len({e.uuid for e in batched_events}) == len(batched_events)
 
@@ -384,7 +389,7 @@ async def test_histories_written_either_way_read_back_alike(tmp_path: Path) -> N
     # A stream that breaks after a batch and is re-attached: the snapshot
     # holds the batch again, and none of its events comes twice.
     decoder = StreamDecoder()
-    first_frames = [r for r in batched if r.WhichOneof("payload") != "task"][:2]
+    first_frames = batched[:2]  # the task (with the turn's start), then a batch
     early = [e for r in first_frames for e in decoder.decode(r)]
     assert len(early) > 1
     assert early + decoder.decode_task(new) == batched_events
