@@ -19,8 +19,9 @@ Contract:
   also goes out at once when it reaches `MAX_EVENTS` or `MAX_BYTES`, and
   when the caller says `now` (an event a pause rule holds the turn at: it
   reaches the caller before the turn waits).
-- State changes alone: every other event (the Started frame, InputRequired,
-  Done, Failed) first sends what is queued, then goes out alone as before.
+- State changes alone: every other event (Started, InputRequired, Done,
+  Failed) first sends what is queued, then goes out alone as before; a new
+  task's Started goes in the task's own first frame instead (`executor.py`).
 - A batch of one event is sent as that event's own frame.
 - `flushing()` owns the flusher: on leaving it, what is queued is sent and
   the flusher is cancelled and awaited.
