@@ -309,8 +309,62 @@ class ChildRecord:
         return cls(**data)
 
 
-def _insert_child_sql(row: Mapping[str, Any]) -> str:
-    return f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+def _insert_child_sql(row: Mapping[str, Any], marker: str = "?") -> str:
+    """The INSERT of a child row, with `marker` for each parameter (SQLite's
+    `?`, PostgreSQL's `%s`)."""
+    return f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join(marker for _ in row)})"
+
+
+EventEntry = tuple[str, str | None, str, Mapping[str, Any], str | None]
+"""(session, child, kind, payload, uuid): one event `append_events` stores."""
+EventValues = tuple[str, str, str | None, str, str, float]
+"""(uuid, session, child, kind, payload JSON, created_at): an events row."""
+
+
+def _event_values(entry: EventEntry) -> EventValues:
+    """An entry's events row (a new uuid when it has none, stamped now);
+    the same for both stores, whose SQL differs only in its dialect."""
+    session_id, child_id, kind, payload, uuid = entry
+    return (
+        uuid or uuidlib.uuid4().hex,
+        session_id,
+        child_id,
+        kind,
+        json.dumps(dict(payload)),
+        time.time(),
+    )
+
+
+def _usage_values(values: EventValues, payload: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The turn_usage row of an event that ends a child's turn (None for others)."""
+    event_uuid, session_id, child_id, kind, _, now = values
+    if kind not in TURN_END_KINDS or child_id is None:
+        return None
+    spend = Spend.from_dict(payload.get("spent"))
+    return (
+        event_uuid,
+        session_id,
+        child_id,
+        spend.input_tokens,
+        spend.output_tokens,
+        spend.model_calls,
+        spend.seconds,
+        spend.cost,
+        now,
+    )
+
+
+def _stored_event(seq: int, values: EventValues, payload: Mapping[str, Any]) -> StoredEvent:
+    event_uuid, session_id, child_id, kind, _, now = values
+    return StoredEvent(
+        seq=seq,
+        uuid=event_uuid,
+        session_id=session_id,
+        child_id=child_id,
+        kind=kind,
+        payload=dict(payload),
+        created_at=now,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -584,7 +638,7 @@ class Store:
 
     async def append_events(
         self,
-        entries: Iterable[tuple[str, str | None, str, Mapping[str, Any], str | None]],
+        entries: Iterable[EventEntry],
         *,
         child_changes: Mapping[str, Any] | None = None,
         new_child: ChildRecord | None = None,
@@ -606,47 +660,26 @@ class Store:
                     f"UPDATE children SET {assignments} WHERE child_id = ?",
                     [*changes.values(), batch[0][1]],
                 )
-            for session_id, child_id, kind, payload, uuid in batch:
-                event_uuid = uuid or uuidlib.uuid4().hex
-                now = time.time()
+            for entry in batch:
+                values = _event_values(entry)
                 cursor = conn.execute(
                     "INSERT OR IGNORE INTO events "
                     "(uuid, session_id, child_id, kind, payload, created_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
-                    (event_uuid, session_id, child_id, kind, json.dumps(dict(payload)), now),
+                    values,
                 )
                 if cursor.rowcount == 0:
                     stored.append(None)
                     continue
-                if kind in TURN_END_KINDS and child_id is not None:
-                    spend = Spend.from_dict(payload.get("spent"))
+                usage = _usage_values(values, entry[3])
+                if usage is not None:
                     conn.execute(
                         "INSERT OR IGNORE INTO turn_usage (uuid, session_id, child_id, "
                         f"{', '.join(_SPEND_COLUMNS)}, created_at) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            event_uuid,
-                            session_id,
-                            child_id,
-                            spend.input_tokens,
-                            spend.output_tokens,
-                            spend.model_calls,
-                            spend.seconds,
-                            spend.cost,
-                            now,
-                        ),
+                        usage,
                     )
-                stored.append(
-                    StoredEvent(
-                        seq=int(cursor.lastrowid or 0),
-                        uuid=event_uuid,
-                        session_id=session_id,
-                        child_id=child_id,
-                        kind=kind,
-                        payload=dict(payload),
-                        created_at=now,
-                    )
-                )
+                stored.append(_stored_event(int(cursor.lastrowid or 0), values, entry[3]))
             return stored
 
         return await self._write(insert)

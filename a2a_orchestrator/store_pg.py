@@ -40,7 +40,18 @@ from .budgets import Spend
 from .errors import ConfigError, StoreError
 from .groupcommit import GroupCommit, Write
 from .journal import JournalRow, ToolJournal
-from .store import _SPEND_COLUMNS, TURN_END_KINDS, ChildRecord, RunnerRecord, Store, StoredEvent
+from .store import (
+    _SPEND_COLUMNS,
+    ChildRecord,
+    EventEntry,
+    RunnerRecord,
+    Store,
+    StoredEvent,
+    _event_values,
+    _insert_child_sql,
+    _stored_event,
+    _usage_values,
+)
 
 __all__ = ["MIGRATIONS", "Lease", "PgConnection", "PgStore", "Tx"]
 
@@ -137,19 +148,15 @@ def _shown(url: str) -> str:
 
 
 def _numbered(sql: str) -> str:
-    """The SQL with each printf-style placeholder numbered the way asyncpg
+    """The SQL with each `%s` parameter marker numbered the way asyncpg
     takes them (`$1`, `$2`, ...)."""
     parts = sql.split("%s")
     return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
 
 
-def _insert_child_sql(row: Mapping[str, Any]) -> str:
-    return f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('%s' for _ in row)})"
-
-
 class Tx:
-    """Statements on one connection: SQL with printf-style placeholders,
-    rows as dicts."""
+    """Statements on one connection: SQL with `%s` parameter markers, rows
+    as dicts."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -390,7 +397,7 @@ class PgStore(Store):
 
     async def add_child(self, record: ChildRecord) -> None:
         row = record.to_row()
-        await self._execute(_insert_child_sql(row), row.values())
+        await self._execute(_insert_child_sql(row, "%s"), row.values())
 
     async def update_child(self, child_id: str, **changes: Any) -> None:
         from sqlite_utils.db import NotFoundError  # what the SQLite store raises
@@ -480,7 +487,7 @@ class PgStore(Store):
 
     async def append_events(
         self,
-        entries: Iterable[tuple[str, str | None, str, Mapping[str, Any], str | None]],
+        entries: Iterable[EventEntry],
         *,
         child_changes: Mapping[str, Any] | None = None,
         new_child: ChildRecord | None = None,
@@ -493,53 +500,32 @@ class PgStore(Store):
         async def insert(tx: Tx) -> list[StoredEvent | None]:
             stored: list[StoredEvent | None] = []
             if child_row is not None:
-                await tx.execute(_insert_child_sql(child_row), list(child_row.values()))
+                await tx.execute(_insert_child_sql(child_row, "%s"), list(child_row.values()))
             if changes and batch and batch[0][1] is not None:
                 assignments = ", ".join(f"{name} = %s" for name in changes)
                 await tx.execute(
                     f"UPDATE children SET {assignments} WHERE child_id = %s",
                     [*changes.values(), batch[0][1]],
                 )
-            for session_id, child_id, kind, payload, uuid in batch:
-                event_uuid = uuid or uuidlib.uuid4().hex
-                now = time.time()
+            for entry in batch:
+                values = _event_values(entry)
                 row = await tx.fetchrow(
                     "INSERT INTO events (uuid, session_id, child_id, kind, payload, created_at) "
                     "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (uuid) DO NOTHING RETURNING seq",
-                    (event_uuid, session_id, child_id, kind, json.dumps(dict(payload)), now),
+                    values,
                 )
                 if row is None:
                     stored.append(None)
                     continue
-                if kind in TURN_END_KINDS and child_id is not None:
-                    spend = Spend.from_dict(payload.get("spent"))
+                usage = _usage_values(values, entry[3])
+                if usage is not None:
                     await tx.execute(
                         f"INSERT INTO turn_usage (uuid, session_id, child_id, {spend_columns}, "
                         "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
                         "ON CONFLICT (uuid) DO NOTHING",
-                        (
-                            event_uuid,
-                            session_id,
-                            child_id,
-                            spend.input_tokens,
-                            spend.output_tokens,
-                            spend.model_calls,
-                            spend.seconds,
-                            spend.cost,
-                            now,
-                        ),
+                        usage,
                     )
-                stored.append(
-                    StoredEvent(
-                        seq=int(row["seq"]),
-                        uuid=event_uuid,
-                        session_id=session_id,
-                        child_id=child_id,
-                        kind=kind,
-                        payload=dict(payload),
-                        created_at=now,
-                    )
-                )
+                stored.append(_stored_event(int(row["seq"]), values, entry[3]))
             return stored
 
         return await self._write_pg(insert)
