@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from a2a.auth.user import User
 from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
@@ -60,6 +59,7 @@ from .errors import ConfigError
 from .executor import RoleExecutor
 from .sharedjournal import SharedToolJournal
 from .task_leases import Claim, Leases, StaleLease
+from .taskstore import TaskOwner
 
 if TYPE_CHECKING:
     from a2a.server.request_handlers import DefaultRequestHandlerV2
@@ -111,21 +111,6 @@ class ReplicaSettings:
             raise ConfigError(f"the lease must last a positive number of seconds, got {lease:g}")
         name = replica_id or os.environ.get("A2A_REPLICA_ID", "").strip() or socket.gethostname()
         return cls(replica_id=f"{name}-{os.getpid()}-{uuid.uuid4().hex[:6]}", lease=lease)
-
-
-class _Owner(User):
-    """The caller a stored task belongs to, to read and write it as them."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def is_authenticated(self) -> bool:
-        return bool(self._name)
-
-    @property
-    def user_name(self) -> str:
-        return self._name
 
 
 class ReplicaExecutor(RoleExecutor):
@@ -303,7 +288,7 @@ class ReplicaExecutor(RoleExecutor):
 
     async def _adopt(self, lease: StaleLease, claim: Claim) -> None:
         """Continue the turn a dead replica left running (module docstring)."""
-        call_context = ServerCallContext(user=_Owner(lease.owner))
+        call_context = ServerCallContext(user=TaskOwner(lease.owner))
         try:
             stored = await self.cluster.tasks.get(lease.task_id, call_context)
             if self.handler is None or stored is None or stored.task.status.state not in _ADOPTABLE:

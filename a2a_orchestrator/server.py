@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
-from a2a.auth.user import User
 from a2a.helpers import new_text_part
 from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
@@ -81,7 +80,7 @@ from .push import PushPolicy, PushService
 from .quotas import QuotaContextBuilder, Quotas, RefusalMiddleware
 from .roles import Role
 from .serving import bind_socket, serve
-from .taskstore import ObservedTaskStore, SQLiteTaskStore
+from .taskstore import ObservedTaskStore, SQLiteTaskStore, TaskOwner
 from .tools import Sandbox, Workspace
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
@@ -293,21 +292,6 @@ def _engine(db: str) -> AsyncEngine:
         ) from exc
 
 
-class _Owner(User):
-    """The owner a stored task is scoped to, to write it as them."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def is_authenticated(self) -> bool:
-        return bool(self._name)
-
-    @property
-    def user_name(self) -> str:
-        return self._name
-
-
 async def fail_orphaned_tasks(task_store: TaskStore | VersionedTaskStore) -> int:
     """Mark tasks a dead server left working as failed (reason `lost`).
 
@@ -332,7 +316,7 @@ async def fail_orphaned_tasks(task_store: TaskStore | VersionedTaskStore) -> int
         status = TaskStatus(state=TaskState.TASK_STATE_FAILED, message=message)
         status.timestamp.GetCurrentTime()
         task.status.CopyFrom(status)
-        await task_store.save(task, ServerCallContext(user=_Owner(owner)))
+        await task_store.save(task, ServerCallContext(user=TaskOwner(owner)))
         failed += 1
     return failed
 

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
 from a2a.server.tasks import DatabaseTaskStore, TaskStore
@@ -68,7 +69,7 @@ from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 from .sqlitefile import SQLiteFile
 from .taskrows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
 
-__all__ = ["ObservedTaskStore", "SQLiteTaskStore", "context_owners"]
+__all__ = ["ObservedTaskStore", "SQLiteTaskStore", "TaskOwner", "context_owners"]
 
 T = TypeVar("T")
 
@@ -149,6 +150,23 @@ def _uncursor(token: str) -> tuple[int, str]:
 
 def _with_history(conn: sqlite3.Connection, task_id: str, head: bytes) -> Task:
     return whole_task(head, read_history(conn, task_id))
+
+
+class TaskOwner(User):
+    """The owner a stored task is scoped to, as a caller: what the server
+    acts as when it reads or writes a task on its own (start-up recovery, a
+    replica adopting a turn), under the task stores' owner scoping."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return bool(self._name)
+
+    @property
+    def user_name(self) -> str:
+        return self._name
 
 
 class SQLiteTaskStore(TaskStore):
