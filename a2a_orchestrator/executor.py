@@ -64,9 +64,9 @@ from .budgets import Budget, PriceTable
 from .conversations import HOLD_LIMIT, control, role_conversation, spent_in
 from .decoding import history_entries
 from .errors import ConfigError, ControlError
-from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, Started, ToolCalled
+from .events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, Started
 from .frames import FrameBatcher
-from .journal import JournalRow, ToolJournal, unanswered
+from .journal import JournalRow, ToolJournal, lost_announcements, unanswered
 from .models.base import ChatMessage, Model
 from .overrides import Overrides, check_wire_overrides, offered_models
 from .roles import Role
@@ -144,11 +144,9 @@ def _restore_lost_calls(
     the step again. Each goes into the task the crash ended (`lost`), just
     before that end, in the order the calls started; with no such task, at
     the end."""
-    announced = {e.call_id for entries in per_task for e in entries if isinstance(e, ToolCalled)}
-    missing = [row for row in calls if row.call_id not in announced]
-    if not missing:
+    restored = lost_announcements((e for entries in per_task for e in entries), calls)
+    if not restored:
         return
-    restored = [ToolCalled(call_id=r.call_id, tool=r.tool, arguments=r.arguments) for r in missing]
     for entries in per_task:
         if entries and isinstance(entries[-1], Failed) and entries[-1].reason == "lost":
             entries[-1:-1] = restored

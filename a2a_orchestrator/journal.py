@@ -26,12 +26,19 @@ from typing import Any
 
 import anyio.to_thread
 
-from .events import ToolResult
+from .events import ToolCalled, ToolResult
 from .models.base import ToolCall
 from .procs import end_leftovers, start_ticks
 from .sqlitefile import SQLiteFile
 
-__all__ = ["CallJournal", "JournalRow", "ToolJournal", "create_table", "unanswered"]
+__all__ = [
+    "CallJournal",
+    "JournalRow",
+    "ToolJournal",
+    "create_table",
+    "lost_announcements",
+    "unanswered",
+]
 
 _COLUMNS = (
     "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
@@ -67,6 +74,19 @@ def unanswered(rows: Iterable[JournalRow], entries: Iterable[object]) -> list[Jo
     behind the runtime), so each may have run and is answered as interrupted."""
     answered = {entry.call_id for entry in entries if isinstance(entry, ToolResult)}
     return [row for row in rows if row.call_id not in answered]
+
+
+def lost_announcements(entries: Iterable[object], rows: Iterable[JournalRow]) -> list[ToolCalled]:
+    """The announcements (`ToolCalled`) of the calls of `rows` that
+    `entries` lacks, in the rows' order: a crash kept them from the store
+    after the journal recorded the calls, and a transcript without them
+    would have the model make the calls again."""
+    announced = {entry.call_id for entry in entries if isinstance(entry, ToolCalled)}
+    return [
+        ToolCalled(call_id=row.call_id, tool=row.tool, arguments=row.arguments)
+        for row in rows
+        if row.call_id not in announced
+    ]
 
 
 _PID = os.getpid()

@@ -19,8 +19,8 @@ from ..budgets import Budget, PriceTable, Spend
 from ..conversations import HOLD_LIMIT, apply_child_config, control, role_conversation, spent_in
 from ..delegation import CANCELED_TEXT, ChildConfig, Emit, IdentityListener, Resume
 from ..errors import ConfigError, OrchestratorError
-from ..events import TERMINAL_KINDS, ChildEvent, ToolCalled
-from ..journal import CallJournal, JournalRow, ToolJournal, unanswered
+from ..events import TERMINAL_KINDS, ChildEvent
+from ..journal import CallJournal, JournalRow, ToolJournal, lost_announcements, unanswered
 from ..models.base import ChatMessage, Model
 from ..network import AgentSpec
 from ..roles import find_role
@@ -38,7 +38,7 @@ ChildTools = Callable[[str, int], Mapping[str, Tool]]
 
 
 def _journaled(
-    entries: Sequence[str | ChildEvent], started: Sequence[JournalRow], closed: Sequence[JournalRow]
+    entries: Sequence[str | ChildEvent], started: Sequence[JournalRow]
 ) -> tuple[list[str | ChildEvent], set[str]]:
     """A crashed child's entries and the calls to answer as interrupted.
 
@@ -46,20 +46,11 @@ def _journaled(
     rows are written at once, so a crash can keep a call's announcement
     (`ToolCalled`) or its result from the store after the journal recorded
     its start or its close: every call that started without a stored result
-    is interrupted (`journal.unanswered`), and an announcement lost this way
-    (of a call the crash left open, `closed` by recovery now, or one whose
-    row was closed before the crash) is put back at the end, where the crash
-    cut the turn: without it the model would make the call again. Only the
-    crashed turn can have lost events: a turn's end is stored after all of
-    its events."""
-    announced = {e.call_id for e in entries if isinstance(e, ToolCalled)}
-    open_calls = {row.call_id for row in unanswered(started, entries)}
-    lost = {
-        row.call_id: ToolCalled(call_id=row.call_id, tool=row.tool, arguments=row.arguments)
-        for row in [*started, *closed]
-        if row.call_id in open_calls and row.call_id not in announced
-    }
-    return [*entries, *lost.values()], open_calls
+    is interrupted (`journal.unanswered`), and a lost announcement is put
+    back at the end, where the crash cut the turn (only the crashed turn can
+    have lost events: a turn's end is stored after all of its events)."""
+    open_calls = unanswered(started, entries)
+    return [*entries, *lost_announcements(entries, open_calls)], {row.call_id for row in open_calls}
 
 
 def narrow_workspace(workspace: Workspace, subdir: str) -> Workspace:
@@ -296,9 +287,9 @@ class LocalDelegate:
             if resume is not None:
                 # At most once: what the crashed runner's calls left running
                 # is ended before anything resumes.
-                closed = await self.journal.recover(child_id)
+                await self.journal.recover(child_id)
                 started = await self.journal.started_calls(child_id)
-                entries, interrupted = _journaled(entries, started, closed)
+                entries, interrupted = _journaled(entries, started)
             journal = self.journal.scoped(child_id)
         extra = self.child_tools(child_id, depth) if self.child_tools is not None else None
         spent_below: SpentBelow | None = None
