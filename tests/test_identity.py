@@ -869,8 +869,13 @@ async def test_context_owners_on_both_kinds_of_task_store(tmp_path: Path) -> Non
     from a2a.server.context import ServerCallContext
     from a2a.types import Task, TaskState, TaskStatus
 
-    from a2a_orchestrator.server import _Owner, open_task_store
-    from a2a_orchestrator.taskstore import ObservedTaskStore, SQLiteTaskStore, context_owners
+    from a2a_orchestrator.server import open_task_store
+    from a2a_orchestrator.taskstore import (
+        ObservedTaskStore,
+        SQLiteTaskStore,
+        TaskOwner,
+        context_owners,
+    )
 
     async def ignore(task: Task, context: ServerCallContext) -> None:
         return None
@@ -888,7 +893,7 @@ async def test_context_owners_on_both_kinds_of_task_store(tmp_path: Path) -> Non
                     context_id=context_id,
                     status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
                 )
-                await store.save(task, ServerCallContext(user=_Owner(owner)))
+                await store.save(task, ServerCallContext(user=TaskOwner(owner)))
             observed = ObservedTaskStore(store, ignore)
             found = [await context_owners(observed, c) for c in ("c1", "c2", "c3")]
             if isinstance(store, SQLiteTaskStore):
