@@ -28,6 +28,7 @@ from .events import (
     event_from_dict,
     event_to_dict,
 )
+from .heap import settle
 from .pipeline import (
     PROGRESS_KEY,
     Brief,
@@ -273,6 +274,7 @@ async def _run(args: argparse.Namespace) -> int:
     _model_notice(settings)
     sandbox = sandbox_of(args)
     store = _new_store(args.store)
+    settle()
     async with Session(
         store,
         workdir=workdir,
@@ -498,6 +500,7 @@ async def _serve(args: argparse.Namespace) -> int:
         scripted = is_scripted(model)
         commands = "run_command" in role.tools
         sandbox = sandbox.allowing_network(role.sandbox_network)
+    settle()
     async with context as server:
         say(f"{name}: serving A2A at {server.url}")
         say(f"  agent card: {server.url}/.well-known/agent-card.json")
@@ -914,6 +917,7 @@ async def _resume(args: argparse.Namespace) -> int:
     policy = _policy(None, workdir / ".a2a")
     rules = _reaction_rules(workdir / ".a2a")
     sandbox = sandbox_of(args)
+    settle()
     async with Session(
         store,
         workdir=workdir,

@@ -25,6 +25,7 @@ from benchkit import cpu_seconds, machine_line, rss_mib, start_servers, stop_ser
 
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import Done
+from a2a_orchestrator.heap import settle
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
@@ -47,6 +48,9 @@ async def fan_out(count: int, urls: list[str], pids: list[int], work: Path) -> N
     )
     store = Store(work / "orchestrator.db")
     counts = Counts()
+    # The collector as `a2a-orchestrator run` sets it (heap.py); the servers
+    # are `a2a-orchestrator serve`, which does the same.
+    settle()
     async with Session(store, workdir=work, network=network) as session:
         # One child per server first, so connections and cards are warm.
         for index in range(len(urls)):
