@@ -32,7 +32,8 @@ from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.tools import Workspace
-from a2a_orchestrator.transports import translate_error
+from a2a_orchestrator.transports import RemoteDelegate, translate_error
+from a2a_orchestrator.transports.remote import POOLS_PER_AGENT
 
 pytestmark = pytest.mark.anyio
 
@@ -157,3 +158,23 @@ async def test_session_event_log_exports_as_jsonl(tmp_path: Path) -> None:
     assert lines[0]["payload"] == {"text": "log me"}
     assert lines[3]["payload"]["text"] == "logged" and lines[3]["child_id"] == handle.child_id
     assert len({line["uuid"] for line in lines}) == 4
+
+
+async def test_a_delegate_spreads_an_agents_streams_over_its_pools() -> None:
+    # Unit plumbing, no server: which client a request goes through is all
+    # there is to see (httpcore's cost per request grows with the
+    # connections of its pool; remote.POOLS_PER_AGENT).
+    with anyio.fail_after(10):
+        async with RemoteDelegate() as remote:
+            first = [remote.http_for("http://127.0.0.1:9/a") for _ in range(POOLS_PER_AGENT)]
+            again = [remote.http_for("http://127.0.0.1:9/b") for _ in range(POOLS_PER_AGENT)]
+            other = remote.http_for("https://127.0.0.1:9/")
+            assert len({id(client) for client in first}) == POOLS_PER_AGENT
+            # Taken in turn, each pool kept for the same server (any path on it).
+            assert again == first
+            # Another origin (the scheme differs) has pools of its own.
+            assert all(other is not client for client in first)
+        given = httpx.AsyncClient()
+        async with RemoteDelegate(http=given) as remote:
+            assert {id(remote.http_for("http://127.0.0.1:9/")) for _ in range(3)} == {id(given)}
+        await given.aclose()

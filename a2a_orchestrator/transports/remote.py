@@ -835,9 +835,14 @@ _DRAIN_LIMIT = 0.25
 _WAITING = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
 
 
-POOLS_PER_AGENT = 8
+POOLS_PER_AGENT = 32
 """Connection pools a delegate keeps per agent server (see `RemoteDelegate._pools`):
-a thousand children over four servers make about 31 connections a pool."""
+a thousand children over four servers make about 8 connections a pool. A
+pool's cost per request grows with its connections (each one's socket is
+checked at the request's start and end): with 8 pools (31 connections each)
+that was a quarter of the orchestrator's CPU at the end of a fan-out. A pool
+is made at its first request, so the first 32 turns to an agent each open a
+connection (and, over TLS, make a handshake) of their own."""
 
 
 class RemoteDelegate:
