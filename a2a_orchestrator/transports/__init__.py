@@ -1,13 +1,13 @@
 """The transports of the delegation interface: each one a `Delegate`."""
 
 from ..delegation import Delegate
+from .client_errors import translate_error as translate_error
 from .local import LocalDelegate as LocalDelegate
 from .local import LocalRun as LocalRun
 from .memory import MemoryDelegate as MemoryDelegate
 from .memory import MemoryRun as MemoryRun
 from .remote import RemoteDelegate as RemoteDelegate
-from .remote import RemoteRun as RemoteRun
-from .remote import translate_error as translate_error
+from .remote_run import RemoteRun as RemoteRun
 
 __all__ = [
     "LocalDelegate",

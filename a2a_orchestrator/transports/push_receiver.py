@@ -49,7 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..decoding import StreamDecoder
-from .remote import RemoteRun
+from .remote_run import RemoteRun
 
 if TYPE_CHECKING:
     from ..store import Store
