@@ -11,6 +11,10 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
   local        `Session.spawn` of an in-process child, then `wait()`
   remote       `Session.spawn` of a child on a role server (`run_role_server`,
                the project's server with its SQLite task store), then `wait()`
+  SDK->role    the bare client streaming to that role server: what the role
+               server adds to the floor
+  Session->SDK `Session.spawn` of a child on the bare server, then `wait()`:
+               what the orchestrator's side adds to the floor
 
 All in this process and one run, so CPU time (process time, which counts the
 servers' and the stores' threads too) covers both ends of every variant alike.
@@ -32,7 +36,7 @@ from pathlib import Path
 
 import anyio
 import httpx
-from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.helpers import new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
@@ -122,10 +126,15 @@ async def main(rounds: int, n: int) -> None:
         card = await A2ACardResolver(http, bare_url).get_agent_card()
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
 
-        async def bare() -> None:
-            request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
-            async for _ in client.send_message(request):
-                pass
+        def sdk_call(client: Client) -> Call:
+            async def call() -> None:
+                request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
+                async for _ in client.send_message(request):
+                    pass
+
+            return call
+
+        bare = sdk_call(client)
 
         async def in_process() -> None:
             async for _ in model.stream([{"role": "user", "content": "hi"}], []):
@@ -134,9 +143,15 @@ async def main(rounds: int, n: int) -> None:
         async with run_role_server(
             find_role("coder"), model, work, db=str(work / "role.db")
         ) as server:
+            role_card = await A2ACardResolver(http, server.url).get_agent_card()
+            role_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
+                role_card
+            )
             network = Network.of(
                 AgentSpec(name="remote", role="coder", url=server.url),
                 AgentSpec(name="local", role="coder"),
+                # Any A2A agent can be a child: the bare server too.
+                AgentSpec(name="bare", role="coder", url=bare_url),
             )
             async with Session(
                 Store(work / "o.db"), workdir=work, network=network, models=lambda name: model
@@ -154,6 +169,8 @@ async def main(rounds: int, n: int) -> None:
                     "in-process": in_process,
                     "local": delegate("local"),
                     "remote": delegate("remote"),
+                    "SDK->role": sdk_call(role_client),
+                    "Session->SDK": delegate("bare"),
                 }
                 for call in variants.values():  # warm up connections and caches
                     for _ in range(min(10, n)):
@@ -177,7 +194,7 @@ async def main(rounds: int, n: int) -> None:
     print(f"delegation: {rounds} rounds x {n} calls per variant, instant model, 127.0.0.1")
     print(f"machine: {machine_line()}")
     print(
-        f"  {'variant':<11} {'wall min':>9} {'median':>9} {'cpu min':>9} {'median':>9}"
+        f"  {'variant':<13} {'wall min':>9} {'median':>9} {'cpu min':>9} {'median':>9}"
         "   vs bare SDK, medians: wall (round range)  cpu (round range)"
     )
     floor_wall, floor_cpu = statistics.median(wall["bare SDK"]), statistics.median(cpu["bare SDK"])
@@ -188,7 +205,7 @@ async def main(rounds: int, n: int) -> None:
         ratios = [(w / fw, c / fc) for (w, c), (fw, fc) in pairs]
         wall_ratios, cpu_ratios = [r[0] for r in ratios], [r[1] for r in ratios]
         print(
-            f"  {name:<11} {wall_min * 1000:6.2f} ms {wall_median * 1000:6.2f} ms"
+            f"  {name:<13} {wall_min * 1000:6.2f} ms {wall_median * 1000:6.2f} ms"
             f" {cpu_min * 1000:6.2f} ms {cpu_median * 1000:6.2f} ms"
             f"   {wall_median / floor_wall:5.2f}x ({min(wall_ratios):.2f}-{max(wall_ratios):.2f})"
             f"  {cpu_median / floor_cpu:5.2f}x ({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})"
@@ -201,6 +218,11 @@ async def main(rounds: int, n: int) -> None:
         "remote delegation / bare SDK (goal <= 1.5x):"
         f" wall {median_of(wall, 'remote') / floor_wall:.2f}x,"
         f" cpu {median_of(cpu, 'remote') / floor_cpu:.2f}x"
+    )
+    print(
+        "added to the floor (cpu medians): by the role server"
+        f" {(median_of(cpu, 'SDK->role') - floor_cpu) * 1000:.2f} ms,"
+        f" by the orchestrator's side {(median_of(cpu, 'Session->SDK') - floor_cpu) * 1000:.2f} ms"
     )
     print(
         "local child overhead, local - in-process (goal <= 1 ms):"
