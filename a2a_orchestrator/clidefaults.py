@@ -1,6 +1,6 @@
 """The CLI's defaults: ports, the store's path, the token variable, exit codes.
 
-Apart from `commands.py` so the parser (`cli.py`) can show them in `--help`
+Apart from `commands/` so the parser (`cli.py`) can show them in `--help`
 without importing what the commands run.
 """
 

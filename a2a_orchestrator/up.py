@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from .commands import say, workdir_of
+from .commands.common import say, workdir_of
 from .errors import OrchestratorError
 from .network import Network, override_var
 

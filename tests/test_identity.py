@@ -45,7 +45,7 @@ from a2a_orchestrator.callers import (
     token_matches,
 )
 from a2a_orchestrator.cli import build_parser
-from a2a_orchestrator.commands import access_of
+from a2a_orchestrator.commands.serve import access_of
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.events import Done, Failed

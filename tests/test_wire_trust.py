@@ -25,7 +25,7 @@ from a2a.types import SendMessageRequest, TaskState
 from conftest import a2a_client
 
 from a2a_orchestrator.cli import build_parser
-from a2a_orchestrator.commands import _server_limits
+from a2a_orchestrator.commands.serve import _server_limits
 from a2a_orchestrator.conversations import apply_child_config
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import ConfigError

@@ -1,0 +1,250 @@
+"""`serve` (a role server, or the orchestrator as an A2A server) with its
+options (access, metrics, gRPC, replicas, limits), and `token`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..clidefaults import DEFAULT_PORTS
+from ..errors import OrchestratorError
+from ..heap import settle
+
+# Annotations only: the commands import what they run (see `__init__`).
+if TYPE_CHECKING:
+    from ..access import Access
+    from ..replicas import ReplicaSettings
+
+from .common import (
+    MODEL_HINT,
+    hooks_of,
+    policy_of,
+    reaction_rules,
+    sandbox_of,
+    say,
+    settings_and_models,
+    workdir_of,
+)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from ..cards import CardOptions
+    from ..models import describe_model, is_scripted, resolve_model
+    from ..network import Network
+    from ..push import PushPolicy
+    from ..roles import find_role
+    from ..server import run_role_server
+    from ..session import keep_out_of_git
+
+    workdir = workdir_of(args.workdir)
+    # A role server keeps its journal (and by default its task store) there.
+    keep_out_of_git(workdir / ".a2a")
+    settings, models = settings_and_models()
+    port = args.port if args.port is not None else DEFAULT_PORTS.get(args.role, 9110)
+    if not 0 <= port <= 65535:
+        raise OrchestratorError(f"port {port} is not in 0..65535")
+    access = access_of(args)
+    sandbox = sandbox_of(args)
+    metrics = metrics_of(args)
+    common = dict(
+        host=args.host,
+        port=port,
+        access=access,
+        public_url=args.public_url,
+        sandbox=sandbox,
+        card_options=CardOptions.from_settings(
+            protocol=args.protocol, key_path=args.card_key, key_id=args.card_key_id
+        ),
+        install_signal_handlers=True,
+        grpc_port=_grpc_port(args),
+        **metrics,
+        push_policy=PushPolicy.from_settings(
+            args.push_allow,
+            max_per_task=args.push_max_per_task,
+            max_per_owner=args.push_max_per_owner,
+        ),
+    )
+    if args.role == "orchestrator":
+        from ..orchestrator import run_orchestrator_server
+
+        db = args.db or str(workdir / ".a2a" / "tasks-orchestrator.db")
+        store_path = args.store or workdir / ".a2a" / "orchestrator.db"
+        # Hooks, reactions and policy are read beside a store file; a shared
+        # (PostgreSQL) store has no directory, so from the work directory's .a2a.
+        config_dir = store_path.parent if isinstance(store_path, Path) else workdir / ".a2a"
+        network = Network.load()
+        context = run_orchestrator_server(
+            store_path=store_path,
+            workdir=workdir,
+            network=network,
+            models=models,
+            db=db,
+            # Read beside the store, not from the work directory the agents
+            # can write: in a container the store lives on a private volume.
+            hooks=hooks_of(None, config_dir),
+            reactions=reaction_rules(config_dir),
+            policy=policy_of(None, config_dir),
+            lease_seconds=args.lease or float(os.environ.get("A2A_LEASE_SECONDS") or 15),
+            **common,
+        )
+        name = "orchestrator"
+        model_line = describe_model(models("default"))
+        extra = [
+            "  agents: "
+            + ", ".join(
+                f"{s.name}={'remote ' + str(s.url) if s.remote else 'in-process'}"
+                for s in network.agents.values()
+            ),
+            "  control API: /api/sessions   store: "
+            + (str(store_path) if isinstance(store_path, Path) else "PostgreSQL (replicas)"),
+        ]
+        scripted = settings.offline
+        commands = any(not s.remote for s in network.agents.values())
+    else:
+        role = find_role(args.role)
+        if args.model:
+            role = role.with_overrides(model=args.model)
+        model = resolve_model(role.model, settings)
+        db = args.db or str(workdir / ".a2a" / f"tasks-{role.name}.db")
+        context = run_role_server(
+            role,
+            model,
+            workdir,
+            db=db,
+            models=models,
+            replica=_replica(args, db),
+            **_server_limits(args),
+            **common,
+        )
+        name = role.name
+        model_line = describe_model(model)
+        extra = []
+        scripted = is_scripted(model)
+        commands = "run_command" in role.tools
+        sandbox = sandbox.allowing_network(role.sandbox_network)
+    settle()
+    async with context as server:
+        say(f"{name}: serving A2A at {server.url}")
+        say(f"  agent card: {server.url}/.well-known/agent-card.json")
+        if server.grpc_address is not None:
+            say(f"  gRPC: {server.grpc_address} (preferred in the card)")
+        say(f"  {model_line}")
+        if scripted:
+            say(f"  ({MODEL_HINT})")
+        for line in extra:
+            say(line)
+        say(f"  work directory: {workdir}; task store: {db}")
+        say(f"  metrics: {_describe_metrics(server.url, access is not None, **metrics)}")
+        say(f"  auth: {access.describe() if access is not None else 'off'}")
+        if commands:
+            say(f"  commands: {sandbox.describe()}")
+        await server.stopped.wait()
+    say(f"{name}: stopped")
+    return 0
+
+
+def metrics_of(args: argparse.Namespace) -> dict[str, bool]:
+    """`serve`'s metrics: --no-metrics / --metrics-public, else A2A_METRICS /
+    A2A_METRICS_PUBLIC (on or off); on and behind auth by default."""
+
+    def switch(name: str) -> bool | None:
+        raw = os.environ.get(name, "").strip().lower()
+        if raw in ("", "on", "off", "1", "0", "true", "false"):
+            return None if not raw else raw in ("on", "1", "true")
+        raise OrchestratorError(f"{name}={raw!r}: use on or off")
+
+    return {
+        "metrics": not args.no_metrics and switch("A2A_METRICS") is not False,
+        "metrics_public": args.metrics_public or bool(switch("A2A_METRICS_PUBLIC")),
+    }
+
+
+def _describe_metrics(url: str, auth: bool, *, metrics: bool, metrics_public: bool) -> str:
+    if not metrics:
+        return "off"
+    guard = "public" if metrics_public or not auth else "behind the same auth"
+    return f"{url}/metrics ({guard})"
+
+
+def access_of(args: argparse.Namespace) -> Access | None:
+    """`serve`'s callers: --token-env's token, the callers file, a JWT issuer
+    (each flag, else its variable); None when none is set (no auth)."""
+    from ..access import Access
+
+    leeway_raw = os.environ.get("A2A_JWT_LEEWAY", "").strip()
+    try:
+        leeway = args.jwt_leeway if args.jwt_leeway is not None else float(leeway_raw or 60)
+    except ValueError:
+        raise OrchestratorError(f"$A2A_JWT_LEEWAY must be a number, got {leeway_raw!r}") from None
+    return Access.configure(
+        token=os.environ.get(args.token_env) or None,
+        callers_file=args.callers or os.environ.get("A2A_CALLERS_FILE") or None,
+        issuer=args.jwt_issuer or os.environ.get("A2A_JWT_ISSUER") or None,
+        audience=args.jwt_audience or os.environ.get("A2A_JWT_AUDIENCE") or None,
+        jwks_url=args.jwt_jwks_url or os.environ.get("A2A_JWT_JWKS_URL") or None,
+        leeway=leeway,
+    )
+
+
+async def token(args: argparse.Namespace) -> int:
+    from ..callers import add_caller
+
+    path = args.file or os.environ.get("A2A_CALLERS_FILE")
+    if not path:
+        raise OrchestratorError("which callers file? pass --file or set A2A_CALLERS_FILE")
+    token = add_caller(path, args.name, replace=args.replace)
+    print(
+        f"caller {args.name!r} in {path}: its token follows, shown this once "
+        "(the file keeps only its hash)",
+        file=sys.stderr,
+    )
+    say(token)
+    return 0
+
+
+def _grpc_port(args: argparse.Namespace) -> int | None:
+    """`serve`'s gRPC port: --grpc-port, else $A2A_GRPC_PORT (empty: none)."""
+    if args.grpc_port is not None:
+        return int(args.grpc_port)
+    raw = os.environ.get("A2A_GRPC_PORT", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) > 65535:
+        raise OrchestratorError(f"$A2A_GRPC_PORT must be a port in 0..65535, got {raw!r}")
+    return int(raw)
+
+
+def _replica(args: argparse.Namespace, db: str) -> ReplicaSettings | None:
+    """A replica's id and lease (the flags, else their variables) for a shared `db`."""
+    from ..server import is_replica_url
+
+    if not is_replica_url(db):
+        return None
+    from ..replicas import ReplicaSettings
+
+    return ReplicaSettings.from_env(replica_id=args.replica_id, lease=args.lease_seconds)
+
+
+def _server_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """`serve`'s allow-list and limits: the flag, else its variable, else the default."""
+
+    def number(flag: float | None, name: str, variable: str, default: float) -> float:
+        raw = os.environ.get(variable, "").strip()
+        try:
+            value = flag if flag is not None else float(raw) if raw else default
+        except ValueError:
+            raise OrchestratorError(f"${variable} must be a number, got {raw!r}") from None
+        if not value > 0:
+            raise OrchestratorError(f"{name} (or ${variable}) must be positive, got {value:g}")
+        return value
+
+    names = args.models if args.models is not None else os.environ.get("A2A_MODELS", "")
+    megabytes = number(args.max_memory_mb, "--max-memory-mb", "A2A_MAX_MEMORY_MB", 256)
+    return {
+        "model_names": [n.strip() for n in names.split(",") if n.strip()],
+        "max_memory": int(megabytes * 1024 * 1024),
+        "body_timeout": number(args.body_timeout, "--body-timeout", "A2A_BODY_TIMEOUT", 30.0),
+    }

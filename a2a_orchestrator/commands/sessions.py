@@ -1,0 +1,270 @@
+"""The commands that run a session here: `run`, `resume` and `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..clidefaults import EXIT_CODES
+from ..errors import OrchestratorError
+from ..events import ChildEvent, Done, Failed
+from ..heap import settle
+from ..pipeline import (
+    PROGRESS_KEY,
+    Brief,
+    PassOptions,
+    Pipeline,
+    PipelineError,
+    Signal,
+    TaskSpec,
+    extract_signal,
+)
+from ..view import LiveTree, describe_event
+
+# Annotations only: the commands import what they run (see `__init__`).
+if TYPE_CHECKING:
+    from ..control import ControlPlane
+    from ..hooks import Hooks
+    from ..reactions import Reaction, Reactions
+    from ..session import Session
+
+from .common import (
+    PIPELINE_PASSES,
+    SESSION_ID,
+    STOPPED_LINE,
+    check_agents,
+    existing_store,
+    hooks_of,
+    model_notice,
+    new_store,
+    policy_of,
+    reaction_rules,
+    sandbox_of,
+    say,
+    session_id_of,
+    settings_and_models,
+    workdir_of,
+)
+
+
+async def demo(args: argparse.Namespace) -> int:
+    from ..demo import run_demo
+
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        raise OrchestratorError(f"--workdir {args.workdir} is not a directory")
+    result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args))
+    return EXIT_CODES[result.signal]
+
+
+def _reactions(plane: ControlPlane, rules: list[Reaction]) -> Reactions | None:
+    from ..reactions import Reactions
+
+    return Reactions(plane, rules) if rules else None
+
+
+async def run(args: argparse.Namespace) -> int:
+    from ..network import Network
+    from ..roles import find_role
+    from ..session import Session
+
+    workdir = workdir_of(args.workdir)
+    if not args.task.strip():
+        raise OrchestratorError("TASK is empty: say what to do")
+    if args.session is not None and not SESSION_ID.fullmatch(args.session):
+        raise OrchestratorError(
+            f"session id {args.session!r}: use 1-128 letters, digits, '.', '_' or '-'"
+        )
+    settings, models = settings_and_models()
+    # Configuration is read before anything starts, so a bad file is a clear error.
+    if args.parent:
+        find_role(args.role)  # an unknown role is a clear error before anything starts
+    else:
+        check_agents(Network.load(), list(PIPELINE_PASSES), settings)
+    hooks = hooks_of(args.hooks, workdir / ".a2a")
+    policy = policy_of(args.policy, workdir / ".a2a")
+    rules = reaction_rules(workdir / ".a2a")
+    model_notice(settings)
+    sandbox = sandbox_of(args)
+    store = new_store(args.store)
+    settle()
+    async with Session(
+        store,
+        workdir=workdir,
+        models=models,
+        session_id=args.session,
+        title=args.task,
+        sandbox=sandbox,
+        policy=policy,
+    ) as session:
+        # `resume` finds the work directory here when it is not given one.
+        await store.set_session_metadata(session.id, "workdir", str(workdir))
+        say(f"session {session.id}  (a2a-orchestrator events {session.id})")
+        if args.parent:
+            return await _run_parent(args, session, models, hooks, rules)
+        brief = Brief(task=TaskSpec(id=session.id[:8], title=args.task[:80], description=args.task))
+        pipeline = Pipeline(session, brief, PassOptions(review_rounds=args.review_rounds))
+        return await _follow_pipeline(session, pipeline, hooks, rules, workdir)
+
+
+async def _follow_pipeline(
+    session: Session,
+    pipeline: Pipeline,
+    hooks: Hooks,
+    rules: list[Reaction],
+    workdir: Path,
+    *,
+    resume: bool = False,
+) -> int:
+    """Run (or, `resume`, continue) `pipeline` with its live tree; the exit
+    code is its signal."""
+    from ..control import ControlPlane
+    from ..session import RelayedEvent
+
+    plane = ControlPlane(session, hooks=hooks)
+    reactions = _reactions(plane, rules)
+    tree = LiveTree(f"pipeline  session {session.id[:8]}", expected=list(PIPELINE_PASSES))
+    # A stop request cancels the pipeline first, so no pass starts after it.
+    session.add_stop_listener(pipeline.cancel)
+    try:
+        async with session.relay() as relay:
+            if resume:
+                # The passes that had finished show as they ended; then the
+                # unfinished children (the pass under way among them) resume
+                # inside the relay, so the tree sees their events.
+                for _name, child_id, output in pipeline.recorded:
+                    record = await session.store.get_child(child_id)
+                    if output is not None and record is not None:
+                        tree.show_earlier(
+                            RelayedEvent(
+                                child_id=child_id,
+                                parent_id="",
+                                agent=record.agent or record.role,
+                                role=record.role,
+                                transport=record.transport,
+                                event=output,
+                            )
+                        )
+                await session.recover()
+            result = await tree.follow_while(relay, pipeline.run())
+    except PipelineError as exc:
+        say(f"\npipeline failed: {exc}")
+        if session.stop_requested:
+            say(STOPPED_LINE)
+        return 1
+    finally:
+        if reactions is not None:
+            reactions.close()
+        plane.close()
+    if not tree.live:
+        tree.draw()
+    say(f"\nsignal: {result.signal}   artifacts: {workdir / result.artifact_dir}")
+    say(f"usage: {result.total.describe()}")
+    return EXIT_CODES[result.signal]
+
+
+async def _run_parent(
+    args: argparse.Namespace,
+    session: Session,
+    models: Any,
+    hooks: Hooks,
+    rules: list[Reaction],
+) -> int:
+    """A parent agent's turn, then whatever it set going: its children, and the
+    turns their events start in it (an observer's injections), until all rest."""
+    from ..parent import ParentAgent
+
+    parent = await ParentAgent.restore(session, models("default"), role=args.role, hooks=hooks)
+    reactions = _reactions(parent.plane, rules)
+    tree = LiveTree(f"{args.role}  session {session.id[:8]}")
+
+    async def show(event: ChildEvent) -> None:
+        if event.kind != "message_delta":
+            say(f"[{args.role}] {describe_event(event)}")
+
+    parent.emit = show
+
+    async def stop_turn() -> None:
+        parent.conversation.abort("aborted", "stopped by `a2a-orchestrator stop`")
+
+    session.add_stop_listener(stop_turn)
+
+    async def everything() -> ChildEvent | None:
+        await parent.run(args.task)
+        while parent.conversation.running or any(h.running for h in session.children.values()):
+            await session.wait_all()
+            await anyio.sleep(0.05)
+        return parent.last
+
+    try:
+        async with session.relay() as relay:
+            outcome = await tree.follow_while(relay, everything())
+    finally:
+        if reactions is not None:
+            reactions.close()
+        parent.close()
+    text = outcome.text if isinstance(outcome, Done) else getattr(outcome, "message", "")
+    say("\n" + text)
+    if session.stop_requested:
+        say(STOPPED_LINE)
+    signal: Signal = "TASK_FAILED"
+    if isinstance(outcome, Done):
+        signal = extract_signal(text) or "TASK_DONE"
+    # `status` shows it, as it shows a pipeline's.
+    await session.store.set_session_metadata(session.id, "signal", signal)
+    return EXIT_CODES[signal]
+
+
+async def resume(args: argparse.Namespace) -> int:
+    from ..network import Network
+    from ..session import Session
+
+    store = existing_store(args.store)
+    session_id = await session_id_of(store, args.session, args.store)
+    row = await store.get_session(session_id) or {}
+    metadata = row.get("metadata", {})
+    # The work directory `run` recorded, unless told another.
+    workdir = workdir_of(args.workdir or Path(metadata.get("workdir", ".")))
+    settings, models = settings_and_models()
+    if (metadata.get(PROGRESS_KEY) or {}).get("state") == "running":
+        # A pipeline to continue: its passes' configuration is checked first, as for `run`.
+        check_agents(Network.load(), list(PIPELINE_PASSES), settings)
+    hooks = hooks_of(None, workdir / ".a2a")
+    policy = policy_of(None, workdir / ".a2a")
+    rules = reaction_rules(workdir / ".a2a")
+    sandbox = sandbox_of(args)
+    settle()
+    async with Session(
+        store,
+        workdir=workdir,
+        models=models,
+        session_id=session_id,
+        sandbox=sandbox,
+        policy=policy,
+    ) as session:
+        pipeline = await Pipeline.restore(session)
+        if pipeline is not None:
+            if pipeline.state == "done" and pipeline.signal is not None:
+                say(f"nothing to resume: the pipeline had ended with {pipeline.signal}")
+                say(f"signal: {pipeline.signal}   artifacts: {workdir / pipeline.artifact_dir}")
+                return EXIT_CODES[pipeline.signal]
+            if pipeline.finished:
+                say(f"nothing to resume: the pipeline had failed: {pipeline.error}")
+                return 1
+            say(f"resuming the pipeline of session {session.id}")
+            return await _follow_pipeline(session, pipeline, hooks, rules, workdir, resume=True)
+        tree = LiveTree(f"resume  session {session.id[:8]}")
+        async with session.relay() as relay:
+            handles = await session.recover()
+            if not handles:
+                say("nothing to resume: every child had finished")
+                return 0
+            outcomes = await tree.follow_while(relay, session.wait_all())
+        if not tree.live:
+            tree.draw()
+    failed = [o for o in outcomes.values() if isinstance(o, Failed)]
+    say(f"\nresumed {len(handles)}; {len(failed)} failed")
+    return 1 if failed else 0
