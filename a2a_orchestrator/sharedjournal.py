@@ -17,17 +17,15 @@ group's start time).
 
 from __future__ import annotations
 
-import json
-import time
-import uuid as uuidlib
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import anyio.to_thread
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .journal import JournalRow, ToolJournal, _boot_id, _runner
-from .models.base import ToolCall
+from .journal import JournalRow, ToolJournal, _boot_id
 from .procs import end_leftovers
 
 __all__ = ["SharedToolJournal"]
@@ -46,7 +44,8 @@ class SharedToolJournal(ToolJournal):
     """The `tool_calls` table on an SQLAlchemy async engine (PostgreSQL).
 
     A `ToolJournal` to the runtime (`scoped`, `started`, `process`,
-    `finished`, `interrupted_calls`); only storage and recovery differ."""
+    `finished`, `interrupted_calls`), with the same statements: only
+    storage (`_write`, `_rows`) and recovery differ."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         # No SQLite file: the base class's storage is replaced wholesale.
@@ -62,61 +61,26 @@ class SharedToolJournal(ToolJournal):
     def close(self) -> None:
         """Nothing to close: the engine belongs to the replica's stores."""
 
-    async def _execute(self, sql: str, params: dict[str, Any]) -> None:
+    # The base class's statements, on the engine: its `?` markers become
+    # SQLAlchemy's named ones.
+    @staticmethod
+    def _bound(sql: str, params: Iterable[Any]) -> tuple[Any, dict[str, Any]]:
+        names = iter(range(sql.count("?")))
+        statement = re.sub(r"\?", lambda _: f":p{next(names)}", sql)
+        return text(statement), {f"p{i}": value for i, value in enumerate(params)}
+
+    async def _write(self, sql: str, params: Iterable[Any]) -> None:
+        statement, bound = self._bound(sql, params)
         async with self.engine.begin() as conn:
-            await conn.execute(text(sql), params)
+            await conn.execute(statement, bound)
 
-    async def started(self, scope: str, call: ToolCall) -> str:
-        marker = uuidlib.uuid4().hex
-        pid, ticks, boot = _runner()
-        await self._execute(
-            "INSERT INTO tool_calls (marker, scope, call_id, tool, arguments, runner_pid, "
-            "runner_ticks, runner_boot, started_at) VALUES (:marker, :scope, :call_id, :tool, "
-            ":arguments, :pid, :ticks, :boot, :at)",
-            {
-                "marker": marker,
-                "scope": scope,
-                "call_id": call.id,
-                "tool": call.name,
-                "arguments": json.dumps(call.arguments),
-                "pid": pid,
-                "ticks": ticks,
-                "boot": boot,
-                "at": time.time(),
-            },
+    async def _rows(self, where: str, params: list[Any]) -> list[JournalRow]:
+        statement, bound = self._bound(
+            f"SELECT * FROM tool_calls WHERE {where} ORDER BY started_at", params
         )
-        return marker
-
-    async def process(self, marker: str, pgid: int, ticks: int) -> None:
-        await self._execute(
-            "UPDATE tool_calls SET pgid = :pgid, pgid_ticks = :ticks WHERE marker = :marker",
-            {"pgid": pgid, "ticks": ticks, "marker": marker},
-        )
-
-    async def finished(self, marker: str, outcome: str = "done") -> None:
-        await self._execute(
-            "UPDATE tool_calls SET finished_at = :at, outcome = :outcome WHERE marker = :marker",
-            {"at": time.time(), "outcome": outcome, "marker": marker},
-        )
-
-    async def _select(self, where: str, params: dict[str, Any]) -> list[JournalRow]:
-        sql = f"SELECT * FROM tool_calls WHERE {where} ORDER BY started_at"
         async with self.engine.connect() as conn:
-            result = await conn.execute(text(sql), params)
-            rows = [dict(row._mapping) for row in result]
+            rows = [dict(row._mapping) for row in await conn.execute(statement, bound)]
         return [JournalRow.of(row) for row in rows]
-
-    async def unfinished(self, scope: str | None = None) -> list[JournalRow]:
-        if scope is None:
-            return await self._select("finished_at IS NULL", {})
-        return await self._select("finished_at IS NULL AND scope = :scope", {"scope": scope})
-
-    async def interrupted_calls(self, scope: str) -> list[JournalRow]:
-        where = "scope = :scope AND (finished_at IS NULL OR outcome = 'interrupted')"
-        return await self._select(where, {"scope": scope})
-
-    async def started_calls(self, scope: str) -> list[JournalRow]:
-        return await self._select("scope = :scope", {"scope": scope})
 
     async def recover(self, scope: str | None = None) -> list[JournalRow]:
         """Close the open calls of `scope`, a conversation whose lease this

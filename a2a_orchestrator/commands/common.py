@@ -24,6 +24,26 @@ if TYPE_CHECKING:
     from ..reactions import Reaction
     from ..tools import Sandbox
 
+__all__ = [
+    "MODEL_HINT",
+    "PIPELINE_PASSES",
+    "SESSION_ID",
+    "STOPPED_LINE",
+    "check_agents",
+    "child_id_of",
+    "existing_store",
+    "hooks_of",
+    "model_notice",
+    "new_store",
+    "policy_of",
+    "reaction_rules",
+    "runner_name",
+    "sandbox_of",
+    "say",
+    "session_id_of",
+    "settings_and_models",
+    "workdir_of",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,8 @@ from ..runner import liveness
 from ..view import describe_event
 from .common import child_id_of, existing_store, runner_name, say, session_id_of
 
+__all__ = ["children", "events", "status"]
+
 
 def _signal_of(metadata: dict[str, Any]) -> str:
     """What `status` says of a session's outcome: the run's TASK_* signal, else

@@ -29,6 +29,8 @@ from .common import (
     workdir_of,
 )
 
+__all__ = ["access_of", "metrics_of", "serve", "token"]
+
 
 async def serve(args: argparse.Namespace) -> int:
     from ..cards import CardOptions

@@ -50,6 +50,8 @@ from .common import (
     workdir_of,
 )
 
+__all__ = ["demo", "resume", "run"]
+
 
 async def demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo

@@ -17,6 +17,8 @@ from ..runner import Liveness, liveness
 from ..store import RunnerRecord, Store
 from .common import existing_store, runner_name, say, session_id_of
 
+__all__ = ["stop"]
+
 
 async def stop(args: argparse.Namespace) -> int:
     import httpx
