@@ -7,10 +7,6 @@ without importing what the commands run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .pipeline import Signal
 
 __all__ = ["DEFAULT_PORTS", "DEFAULT_STORE", "DEFAULT_TOKEN_ENV", "EXIT_CODES", "PROTOCOLS"]
 
@@ -24,8 +20,10 @@ DEFAULT_PORTS = {
 """Where `serve` listens by default; other roles default to 9110."""
 DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
 DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
-EXIT_CODES: dict[Signal, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
-"""`run` and `demo` exit with the task's signal; 2 means bad usage or configuration."""
+EXIT_CODES: dict[str, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
+"""`run` and `demo` exit with the task's signal (`pipeline.Signal`, each one
+here: tests/test_cli.py checks); 2 means bad usage or configuration. Keyed by
+plain strings so this module imports nothing of the package."""
 PROTOCOLS = ("both", "1.0")
 """`both`: endpoints for A2A 1.0 and 0.3 (v0.3 peers can read the card);
 `1.0`: a card with A2A 1.0 fields only."""

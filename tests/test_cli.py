@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import get_args
 
 import anyio
 import httpx
@@ -22,6 +23,8 @@ from conftest import a2a_client
 from test_server import user_message
 
 from a2a_orchestrator.cli import build_parser, main
+from a2a_orchestrator.clidefaults import EXIT_CODES
+from a2a_orchestrator.pipeline import Signal
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 
@@ -31,6 +34,11 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
     return {}
+
+
+def test_every_signal_has_its_exit_code() -> None:
+    assert set(EXIT_CODES) == set(get_args(Signal))
+    assert 2 not in EXIT_CODES.values()  # bad usage or configuration
 
 
 def test_every_command_has_help_text() -> None:

@@ -50,7 +50,7 @@ import logging
 import time
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 from a2a.client import Client, ClientCallContext
@@ -90,16 +90,29 @@ from ..wire import (
 )
 from .client_errors import translated
 
-if TYPE_CHECKING:
-    from .remote import RemoteDelegate
-
-__all__ = ["RemoteRun"]
+__all__ = ["AgentClients", "RemoteRun"]
 
 logger = logging.getLogger(__name__)
 
 # How a role server (handler.py) refuses a control message for a task whose
 # turn is over, or, for steering, past its last step boundary.
 _NOT_RUNNING = "is not running on this server"
+
+
+class AgentClients(Protocol):
+    """What a run needs of the delegate that opened it (`RemoteDelegate`):
+    the agent's card and clients, and the delegate's timing settings."""
+
+    lost_after: float
+    deadline_grace: float
+    retry_interval: float
+    idle_probe: float
+
+    async def card(self, spec: AgentSpec) -> AgentCard: ...
+
+    def streaming_client(self, spec: AgentSpec, card: AgentCard) -> Client: ...
+
+    def plain_client(self, run: RemoteRun) -> Client: ...
 
 
 class RemoteRun:
@@ -109,7 +122,7 @@ class RemoteRun:
 
     def __init__(
         self,
-        delegate: RemoteDelegate,
+        delegate: AgentClients,
         spec: AgentSpec,
         client: Client | None,
         card: AgentCard | None,
