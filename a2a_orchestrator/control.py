@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,7 +59,7 @@ from .errors import (
 )
 from .events import ChildEvent, Done, Failed, InputRequired
 from .hooks import CompleteInfo, Hooks, SpawnInfo
-from .overrides import check_wire_overrides, offered_models
+from .overrides import check_wire_overrides, offered_models, operator_models
 from .records import RecordKind
 from .render import normalise, render_final_answer, truncate_to_budget
 from .roles import Role, find_role
@@ -79,7 +78,6 @@ __all__ = [
     "ControlPlane",
     "as_tool",
     "clamp_timeout",
-    "operator_models",
 ]
 
 logger = logging.getLogger(__name__)
@@ -132,12 +130,6 @@ def as_tool(
             raise ToolError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
 
     return Tool(name=name, description=description, parameters=parameters, run=run)
-
-
-def operator_models(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """The model names the operator offers besides `default`, `mini` and a
-    role's `models`: `$A2A_MODELS`, comma-separated (as for `serve`)."""
-    return tuple(n.strip() for n in environ.get("A2A_MODELS", "").split(",") if n.strip())
 
 
 class ControlPlane:

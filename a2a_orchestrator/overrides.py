@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "Overrides",
     "check_wire_overrides",
     "offered_models",
+    "operator_models",
     "parse_overrides",
 ]
 
@@ -230,6 +232,12 @@ def parse_overrides(data: object) -> Overrides:
         budget=_budget(data),
         network=_network(data),
     )
+
+
+def operator_models(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The model names the operator offers besides `default`, `mini` and a
+    role's `models`: `$A2A_MODELS`, comma-separated (as for `serve`)."""
+    return tuple(n.strip() for n in environ.get("A2A_MODELS", "").split(",") if n.strip())
 
 
 def offered_models(role: Role, operator: Iterable[str] = ()) -> frozenset[str]:

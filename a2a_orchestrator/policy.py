@@ -44,7 +44,7 @@ from .errors import ConfigError, OrchestratorError, SpawnRefusedError
 from .hooks import Deny
 from .lookup import toml_tables
 from .network import AgentSpec
-from .overrides import offered_models
+from .overrides import offered_models, operator_models
 from .roles import Role, find_role
 
 __all__ = [
@@ -160,8 +160,6 @@ def narrow_config(
         )
     if narrow.model is not None:
         if role is not None:
-            from .control import operator_models
-
             offered = offered_models(role, operator_models()) | {role.model}
             if narrow.model not in offered:
                 raise ConfigError(
