@@ -3,6 +3,7 @@ figures over rounds, and a line saying how busy the machine was."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -103,6 +104,15 @@ def machine_line() -> str:
     CPU time much less, so every run says what it ran beside."""
     one, five, _ = os.getloadavg()
     return f"{os.cpu_count()} cores, load average {one:.1f} (1 min) {five:.1f} (5 min)"
+
+
+def collector_line() -> str:
+    """This process's garbage collector: as the long-running commands set it
+    (`heap.settle`: start-up frozen, young collected less often), or CPython's."""
+    frozen = gc.get_freeze_count()
+    if frozen:
+        return f"thresholds {gc.get_threshold()}, {frozen} objects frozen (as run and serve)"
+    return f"thresholds {gc.get_threshold()}, nothing frozen (CPython's defaults)"
 
 
 def min_median(samples: Sequence[float]) -> tuple[float, float]:

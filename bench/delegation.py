@@ -54,7 +54,7 @@ from a2a.types import (
     TaskState,
     TaskStatus,
 )
-from benchkit import machine_line, min_median
+from benchkit import collector_line, machine_line, min_median
 from starlette.applications import Starlette
 
 from a2a_orchestrator.delegation import ChildConfig
@@ -193,6 +193,7 @@ async def main(rounds: int, n: int) -> None:
 
     print(f"delegation: {rounds} rounds x {n} calls per variant, instant model, 127.0.0.1")
     print(f"machine: {machine_line()}")
+    print(f"collector: {collector_line()}")
     print(
         f"  {'variant':<13} {'wall min':>9} {'median':>9} {'cpu min':>9} {'median':>9}"
         "   vs bare SDK, medians: wall (round range)  cpu (round range)"

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import anyio
-from benchkit import cpu_seconds, machine_line, rss_mib, start_servers, stop_servers
+from benchkit import collector_line, cpu_seconds, machine_line, rss_mib, start_servers, stop_servers
 
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import Done
@@ -42,15 +42,19 @@ class Counts:
         self.failures: list[str] = []
 
 
-async def fan_out(count: int, urls: list[str], pids: list[int], work: Path) -> None:
+async def fan_out(
+    count: int, urls: list[str], pids: list[int], work: Path, default_gc: bool
+) -> None:
     network = Network.of(
         *(AgentSpec(name=f"coder-{i}", role="coder", url=url) for i, url in enumerate(urls))
     )
     store = Store(work / "orchestrator.db")
     counts = Counts()
-    # The collector as `a2a-orchestrator run` sets it (heap.py); the servers
-    # are `a2a-orchestrator serve`, which does the same.
-    settle()
+    if not default_gc:
+        # Where `a2a-orchestrator run` sets the collector (heap.py): its store
+        # open, its session next. The servers are `serve`, which does too.
+        settle()
+    print(f"collector: {collector_line()}")
     async with Session(store, workdir=work, network=network) as session:
         # One child per server first, so connections and cards are warm.
         for index in range(len(urls)):
@@ -114,13 +118,13 @@ async def fan_out(count: int, urls: list[str], pids: list[int], work: Path) -> N
         )
 
 
-async def main(count: int, servers: int) -> None:
+async def main(count: int, servers: int, default_gc: bool = False) -> None:
     work = Path(tempfile.mkdtemp(prefix="a2a-fanout-"))
     processes, urls = start_servers(servers, work, [{"text": "ok"}])
     try:
         print(f"fan-out over {servers} role servers (processes), instant scripted model")
         print(f"machine: {machine_line()}")
-        await fan_out(count, urls, [p.pid for p in processes], work)
+        await fan_out(count, urls, [p.pid for p in processes], work, default_gc)
     finally:
         stop_servers(processes)
 
@@ -129,6 +133,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--children", type=int, default=1000, help="children at once (1000)")
     parser.add_argument("--servers", type=int, default=4, help="role server processes (4)")
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="leave CPython's garbage collector as it is (this process only)",
+    )
     parser.add_argument("--quick", action="store_true", help="20 children, 2 servers: a smoke test")
     args = parser.parse_args()
-    anyio.run(main, *((20, 2) if args.quick else (args.children, args.servers)))
+    anyio.run(main, *((20, 2) if args.quick else (args.children, args.servers)), args.default_gc)
