@@ -4,17 +4,21 @@
 CPython collects its youngest generation every 700 net allocations of
 container objects and the whole heap every hundred of those (plus a rule on
 how much has survived). A process with a thousand children in flight holds
-hundreds of thousands of live objects (start-up alone leaves about 165,000:
-the SDK's protobuf descriptors, pydantic models, openai), so each full
-collection walks them all to find almost nothing: in bench/fanout.py that
-was a third of the orchestrator's CPU, 1.7 of 4.9 s for 1,000 children.
+hundreds of thousands of live objects (start-up alone leaves 80,000 to
+170,000: the SDK's protobuf descriptors, pydantic models, a model client),
+so each full collection walks them all to find almost nothing: in
+bench/fanout.py that was a third of the orchestrator's CPU, 1.7 of 4.9 s for
+1,000 children.
 
-`settle()`, called once a command has imported what it runs, moves what
-exists into the collector's permanent generation (`gc.freeze`: it is never
-walked again, and never freed; start-up's objects live as long as the
-process anyway) and collects the young less often. Reference counting still
-frees everything without a cycle at once; only cyclic garbage waits longer,
-at most a few thousand objects.
+`settle()` moves what exists into the collector's permanent generation
+(`gc.freeze`: never walked again; reference counting still frees a frozen
+object without a cycle, a frozen cycle stays) and collects the young less
+often. `serve` calls it once it has built its server and model; `run` and
+`resume` once their session's modules are loaded, before the session opens
+(a pass's model client, imported when the pass starts, is not among what is
+frozen). Everything without a cycle is still freed at once; cyclic garbage
+waits longer: a young cycle until the next young collection (10,000
+allocations), an older one until a full collection.
 
 A library caller (`Session`, `run_role_server` in a host's process) keeps
 its own settings: this is the commands' choice, not the package's.

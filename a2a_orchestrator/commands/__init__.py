@@ -15,10 +15,10 @@ from typing import Any
 
 from ..clidefaults import DEFAULT_PORTS, DEFAULT_STORE, DEFAULT_TOKEN_ENV, EXIT_CODES
 from ..runner import stop_signal_listener
-from .queries import children, events, status
-from .serve import serve, token
-from .sessions import demo, resume, run
-from .stop import stop
+
+# The modules, not their functions: `serve` and `stop` name both, and the
+# package's attributes stay the modules (`commands.serve.access_of`).
+from . import queries, serve, sessions, stop
 
 __all__ = [
     "ASYNC_COMMANDS",
@@ -41,13 +41,13 @@ def _stoppable(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Any:
 
 
 ASYNC_COMMANDS = {
-    "demo": demo,
-    "run": _stoppable(run),
-    "serve": _stoppable(serve),
-    "status": status,
-    "children": children,
-    "events": events,
-    "stop": stop,
-    "resume": _stoppable(resume),
-    "token": token,
+    "demo": sessions.demo,
+    "run": _stoppable(sessions.run),
+    "serve": _stoppable(serve.serve),
+    "status": queries.status,
+    "children": queries.children,
+    "events": queries.events,
+    "stop": stop.stop,
+    "resume": _stoppable(sessions.resume),
+    "token": serve.token,
 }

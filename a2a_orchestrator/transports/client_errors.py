@@ -48,8 +48,6 @@ def translate_error(exc: BaseException, url: str) -> DelegationError:
 
 _TRANSLATED = (httpx.HTTPError, A2AError)
 
-_TRANSLATED = (httpx.HTTPError, A2AError)
-
 
 @contextlib.contextmanager
 def translated(url: str) -> Iterator[None]:
