@@ -605,20 +605,10 @@ class Session:
                     child_changes=running if item.kind == "input" else None,
                 )
             return True
-        if isinstance(item, MessageDelta):
-            return True  # live only: the whole message is stored with its `message` event
-        changes = _changes(item)
-        if changes and handle.run.model:
-            changes["model"] = handle.run.model
-        stored = await self.store.append_event(
-            self.id,
-            item.kind,
-            event_to_dict(item),
-            child_id=handle.child_id,
-            uuid=item.uuid,
-            child_changes=changes or None,
-        )
-        return stored is not None
+        # An event: its handle writes events behind it, so they come here
+        # only when one is stored alone.
+        [fresh] = await self._sink_many(handle, [item])
+        return fresh
 
     async def _sink_many(self, handle: ChildHandle, events: Sequence[ChildEvent]) -> list[bool]:
         """Several events of one child in one transaction (`outbox.py`)."""
@@ -626,7 +616,7 @@ class Session:
         changes: dict[str, Any] = {}
         for item in events:
             if isinstance(item, MessageDelta):
-                continue  # live only, as in `_sink`
+                continue  # live only: the whole message is stored with its `message` event
             entries.append((self.id, handle.child_id, item.kind, event_to_dict(item), item.uuid))
             changes.update(_changes(item))
         if changes and handle.run.model:
