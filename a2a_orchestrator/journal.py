@@ -245,17 +245,15 @@ class ToolJournal:
         return await self._file.read(rows)
 
     async def interrupted_calls(self, scope: str) -> list[JournalRow]:
-        """The calls of `scope` that a crash interrupted (open, or closed as such)."""
+        """The calls of `scope` that a crash interrupted (open, or closed as
+        such): what recovery left, to inspect (recovery itself answers every
+        started call without a stored result, `started_calls` and `unanswered`)."""
         where = "scope = ? AND (finished_at IS NULL OR outcome = 'interrupted')"
         return await self._rows(where, [scope])
 
     async def started_calls(self, scope: str) -> list[JournalRow]:
         """Every call of `scope` that started (open or closed, any outcome)."""
         return await self._rows("scope = ?", [scope])
-
-    async def interrupted(self, scope: str) -> set[str]:
-        """Call ids of `scope` that a crash interrupted (open, or closed as such)."""
-        return {row.call_id for row in await self.interrupted_calls(scope)}
 
     async def recover(self, scope: str | None = None) -> list[JournalRow]:
         """End what dead runners' open calls left running, and close those calls.

@@ -44,7 +44,7 @@ class SharedToolJournal(ToolJournal):
     """The `tool_calls` table on an SQLAlchemy async engine (PostgreSQL).
 
     A `ToolJournal` to the runtime (`scoped`, `started`, `process`,
-    `finished`, `interrupted_calls`), with the same statements: only
+    `finished`, `started_calls`), with the same statements: only
     storage (`_write`, `_rows`) and recovery differ."""
 
     def __init__(self, engine: AsyncEngine) -> None:

@@ -212,7 +212,7 @@ async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) 
         process.wait(10)
     journal = ToolJournal.open(db)
     open_rows = await journal.unfinished()
-    closed = await journal.interrupted(handle.run.context_id)
+    closed = {row.call_id for row in await journal.interrupted_calls(handle.run.context_id)}
     journal.close()
     assert isinstance(first, Failed) and first.reason == "lost"
     assert isinstance(second, Done) and second.text == "done"
