@@ -54,7 +54,7 @@ def create_table(conn: Any) -> None:
     conn.execute(
         "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL"
     )
-    # Every conversation a role server opens asks for its scope's interrupted
+    # Every conversation a role server opens asks for its scope's started
     # calls: by this index, a read of that scope's rows alone (none for a new
     # context), cheap enough to run on the event loop.
     conn.execute("CREATE INDEX IF NOT EXISTS tool_calls_scope ON tool_calls (scope)")
