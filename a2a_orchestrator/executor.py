@@ -218,6 +218,9 @@ class RoleExecutor(AgentExecutor):
         self._conversations: dict[str, Conversation] = {}
         self._sizes: dict[str, int] = {}
         """Context id -> `conversation_size` measured when its last turn ended."""
+        self._sized = 0
+        """The sum of `_sizes`, kept as they change: eviction runs at every
+        turn's end and must not walk every held conversation to add it up."""
         self._context_of: dict[str, str] = {}
         self._turn_ended: dict[str, anyio.Event] = {}
         self._waiting: dict[str, str] = {}
@@ -401,7 +404,9 @@ class RoleExecutor(AgentExecutor):
             # in the same context, or is rebuilt from the store when evicted.
             self._context_of.pop(task_id, None)
         if self._conversations.get(context_id) is conversation:
-            self._sizes[context_id] = conversation_size(conversation)
+            size = conversation_size(conversation)
+            self._sized += size - self._sizes.get(context_id, 0)
+            self._sizes[context_id] = size
         self._evict()
 
     async def _open_task(self, task: Task, event_queue: EventQueue) -> None:
@@ -455,26 +460,33 @@ class RoleExecutor(AgentExecutor):
         """Drop a context's conversation from memory (it is rebuilt from the
         store when next used), e.g. once another replica took a turn in it."""
         self._conversations.pop(context_id, None)
-        self._sizes.pop(context_id, None)
+        self._sized -= self._sizes.pop(context_id, 0)
         waiting = self._waiting.pop(context_id, None)
         if waiting is not None:
             self._context_of.pop(waiting, None)
 
     def _evict(self) -> None:
-        """Drop the least recently used idle conversations while over a bound."""
-        total = sum(self._sizes.get(context_id, 0) for context_id in self._conversations)
+        """Drop the least recently used idle conversations while over a bound.
+
+        Oldest first, and only as far as the bounds need: a server holding
+        `MAX_CONVERSATIONS` evicts one per new context, so a turn's end costs
+        the same however many conversations are held."""
         surplus = len(self._conversations) - MAX_CONVERSATIONS
-        idle = [
-            context_id
-            for context_id, conversation in self._conversations.items()
-            if not conversation.running and context_id not in self._waiting
-        ]
-        for context_id in idle:
-            if total <= self.max_memory and surplus <= 0:
+        if self._sized <= self.max_memory and surplus <= 0:
+            return
+        sized = self._sized
+        evicted = []
+        for context_id, conversation in self._conversations.items():
+            if sized <= self.max_memory and surplus <= 0:
                 break
-            del self._conversations[context_id]
-            total -= self._sizes.pop(context_id, 0)
+            if conversation.running or context_id in self._waiting:
+                continue
+            evicted.append(context_id)
+            sized -= self._sizes.get(context_id, 0)
             surplus -= 1
+        for context_id in evicted:
+            del self._conversations[context_id]
+            self._sized -= self._sizes.pop(context_id, 0)
 
     async def _open(self, context: RequestContext, task: Task) -> Conversation:
         """A new conversation, or one rebuilt from the context's stored tasks."""

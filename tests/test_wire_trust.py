@@ -495,3 +495,41 @@ async def test_conversations_are_bounded_by_bytes_and_rebuilt(tmp_path: Path) ->
     # The evicted context continued its conversation: rebuilt from the task
     # store, the model saw the first megabyte message before the follow-up.
     assert seen[-1] == [megabyte, len("and now?")]
+
+
+async def test_conversations_are_bounded_by_count_oldest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("a2a_orchestrator.executor.MAX_CONVERSATIONS", 3)
+    seen: list[list[str]] = []
+
+    def model(messages: Sequence[ChatMessage]) -> dict[str, Any]:
+        seen.append([str(m["content"]) for m in messages if m.get("role") == "user"])
+        return {"text": "noted"}
+
+    held: list[frozenset[str]] = []
+    with anyio.fail_after(60):
+        async with (
+            served(tmp_path, ScriptedModel(model)) as server,
+            a2a_client(server.url) as client,
+        ):
+
+            async def say(text: str, context_id: str) -> None:
+                message = new_text_message(text, role=A2ARole.ROLE_USER)
+                message.context_id = context_id
+                async for _ in client.send_message(SendMessageRequest(message=message)):
+                    pass
+                held.append(server.executor.held_contexts)
+
+            for number in range(5):
+                await say(f"first in {number}", f"ctx-{number}")
+            # A used context becomes the most recent: ctx-2 outlives ctx-3.
+            await say("again in 2", "ctx-2")
+            await say("first in 5", "ctx-5")
+            # An evicted one is rebuilt from the task store when used again.
+            await say("again in 0", "ctx-0")
+    assert held[4] == {"ctx-2", "ctx-3", "ctx-4"}
+    assert held[5] == {"ctx-2", "ctx-3", "ctx-4"}
+    assert held[6] == {"ctx-2", "ctx-4", "ctx-5"}
+    assert held[7] == {"ctx-2", "ctx-5", "ctx-0"}
+    assert seen[-1] == ["first in 0", "again in 0"]
