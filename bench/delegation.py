@@ -15,6 +15,10 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
                server adds to the floor
   Session->SDK `Session.spawn` of a child on the bare server, then `wait()`:
                what the orchestrator's side adds to the floor
+  SDK->app     the bare client streaming to the project's server app
+               (`build_app`: its middleware, request handler and SQLite task
+               store) around the bare server's executor: the part of the
+               role server's share that is not its role executor
 
 All in this process and one run, so CPU time (process time, which counts the
 servers' and the stores' threads too) covers both ends of every variant alike.
@@ -28,10 +32,11 @@ that ratio over the rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -61,7 +66,7 @@ from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.server import build_app, open_task_store, run_role_server
 from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
@@ -88,8 +93,19 @@ class InstantExecutor(AgentExecutor):
         return None
 
 
-def bare_app(url: str) -> Starlette:
-    card = AgentCard(
+class ServedInstantExecutor(InstantExecutor):
+    """The instant executor as `build_app` serves executors."""
+
+    async def shutdown(self) -> None:
+        return None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        yield
+
+
+def bare_card(url: str) -> AgentCard:
+    return AgentCard(
         name="bare",
         description="bare a2a-sdk server",
         version="1",
@@ -102,6 +118,10 @@ def bare_app(url: str) -> Starlette:
         # A spec-complete card, so the SDK does not warn on every start.
         skills=[AgentSkill(id="echo", name="echo", description="answers ok", tags=["bench"])],
     )
+
+
+def bare_app(url: str) -> Starlette:
+    card = bare_card(url)
     handler = DefaultRequestHandler(
         agent_executor=InstantExecutor(), task_store=InMemoryTaskStore(), agent_card=card
     )
@@ -123,6 +143,12 @@ async def main(rounds: int, n: int) -> None:
         sock = bind_socket("127.0.0.1", 0)
         bare_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         await tg.start(serve, bare_app(bare_url), sock)
+        sock = bind_socket("127.0.0.1", 0)
+        app_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        app = build_app(
+            ServedInstantExecutor(), bare_card(app_url), open_task_store(str(work / "app.db"))
+        )
+        await tg.start(serve, app, sock)
         card = await A2ACardResolver(http, bare_url).get_agent_card()
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
 
@@ -146,6 +172,10 @@ async def main(rounds: int, n: int) -> None:
             role_card = await A2ACardResolver(http, server.url).get_agent_card()
             role_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
                 role_card
+            )
+            app_card = await A2ACardResolver(http, app_url).get_agent_card()
+            app_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
+                app_card
             )
             network = Network.of(
                 AgentSpec(name="remote", role="coder", url=server.url),
@@ -171,6 +201,7 @@ async def main(rounds: int, n: int) -> None:
                     "remote": delegate("remote"),
                     "SDK->role": sdk_call(role_client),
                     "Session->SDK": delegate("bare"),
+                    "SDK->app": sdk_call(app_client),
                 }
                 for call in variants.values():  # warm up connections and caches
                     for _ in range(min(10, n)):
@@ -220,9 +251,12 @@ async def main(rounds: int, n: int) -> None:
         f" wall {median_of(wall, 'remote') / floor_wall:.2f}x,"
         f" cpu {median_of(cpu, 'remote') / floor_cpu:.2f}x"
     )
+    role_added = median_of(cpu, "SDK->role") - floor_cpu
+    app_added = median_of(cpu, "SDK->app") - floor_cpu
     print(
-        "added to the floor (cpu medians): by the role server"
-        f" {(median_of(cpu, 'SDK->role') - floor_cpu) * 1000:.2f} ms,"
+        f"added to the floor (cpu medians): by the role server {role_added * 1000:.2f} ms"
+        f" (its app and task store {app_added * 1000:.2f} ms,"
+        f" its role executor and the frames it sends {(role_added - app_added) * 1000:.2f} ms),"
         f" by the orchestrator's side {(median_of(cpu, 'Session->SDK') - floor_cpu) * 1000:.2f} ms"
     )
     print(

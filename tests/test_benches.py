@@ -21,7 +21,9 @@ FIGURES = {
         r"in-process\s+[\d.]+ ms",
         r"local\s+[\d.]+ ms",
         r"remote\s+[\d.]+ ms",
+        r"SDK->app\s+[\d.]+ ms",
         r"remote delegation / bare SDK .*: wall [\d.]+x, cpu [\d.]+x",
+        r"by the role server -?[\d.]+ ms \(its app and task store -?[\d.]+ ms,",
         r"local child overhead.*: wall -?[\d.]+ ms",
     ],
     "fanout.py": [
