@@ -19,6 +19,8 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
                (`build_app`: its middleware, request handler and SQLite task
                store) around the bare server's executor: the part of the
                role server's share that is not its role executor
+  bare +3      the bare server sending three working status updates before
+               its result: what a frame costs a2a-sdk at both ends
 
 All in this process and one run, so CPU time (process time, which counts the
 servers' and the stores' threads too) covers both ends of every variant alike.
@@ -73,8 +75,16 @@ from a2a_orchestrator.store import Store
 
 Call = Callable[[], Awaitable[None]]
 
+EXTRA_FRAMES = 3
+FRAMED = f"bare +{EXTRA_FRAMES}"
+
 
 class InstantExecutor(AgentExecutor):
+    """Completes at once; `working` status updates first, each a frame more."""
+
+    def __init__(self, working: int = 0) -> None:
+        self.working = working
+
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, context_id = context.task_id or "", context.context_id or ""
         if context.current_task is None:
@@ -86,6 +96,9 @@ class InstantExecutor(AgentExecutor):
                 )
             )
         updater = TaskUpdater(event_queue, task_id, context_id)
+        for _ in range(self.working):
+            message = updater.new_agent_message([new_text_part("working")])
+            await updater.update_status(TaskState.TASK_STATE_WORKING, message)
         await updater.add_artifact([new_text_part("ok")], name="result")
         await updater.complete()
 
@@ -120,10 +133,10 @@ def bare_card(url: str) -> AgentCard:
     )
 
 
-def bare_app(url: str) -> Starlette:
+def bare_app(url: str, working: int = 0) -> Starlette:
     card = bare_card(url)
     handler = DefaultRequestHandler(
-        agent_executor=InstantExecutor(), task_store=InMemoryTaskStore(), agent_card=card
+        agent_executor=InstantExecutor(working), task_store=InMemoryTaskStore(), agent_card=card
     )
     return Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
 
@@ -149,6 +162,9 @@ async def main(rounds: int, n: int) -> None:
             ServedInstantExecutor(), bare_card(app_url), open_task_store(str(work / "app.db"))
         )
         await tg.start(serve, app, sock)
+        sock = bind_socket("127.0.0.1", 0)
+        framed_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        await tg.start(serve, bare_app(framed_url, working=EXTRA_FRAMES), sock)
         card = await A2ACardResolver(http, bare_url).get_agent_card()
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
 
@@ -172,6 +188,10 @@ async def main(rounds: int, n: int) -> None:
             role_card = await A2ACardResolver(http, server.url).get_agent_card()
             role_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
                 role_card
+            )
+            framed_card = await A2ACardResolver(http, framed_url).get_agent_card()
+            framed_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
+                framed_card
             )
             app_card = await A2ACardResolver(http, app_url).get_agent_card()
             app_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
@@ -202,6 +222,7 @@ async def main(rounds: int, n: int) -> None:
                     "SDK->role": sdk_call(role_client),
                     "Session->SDK": delegate("bare"),
                     "SDK->app": sdk_call(app_client),
+                    FRAMED: sdk_call(framed_client),
                 }
                 for call in variants.values():  # warm up connections and caches
                     for _ in range(min(10, n)):
@@ -258,6 +279,11 @@ async def main(rounds: int, n: int) -> None:
         f" (its app and task store {app_added * 1000:.2f} ms,"
         f" its role executor and the frames it sends {(role_added - app_added) * 1000:.2f} ms),"
         f" by the orchestrator's side {(median_of(cpu, 'Session->SDK') - floor_cpu) * 1000:.2f} ms"
+    )
+    frame = (median_of(cpu, FRAMED) - floor_cpu) / EXTRA_FRAMES
+    print(
+        f"a frame costs a2a-sdk, both ends (cpu medians, ({FRAMED} - bare SDK) / {EXTRA_FRAMES}):"
+        f" {frame * 1000:.2f} ms"
     )
     print(
         "local child overhead, local - in-process (goal <= 1 ms):"

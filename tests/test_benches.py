@@ -24,6 +24,7 @@ FIGURES = {
         r"SDK->app\s+[\d.]+ ms",
         r"remote delegation / bare SDK .*: wall [\d.]+x, cpu [\d.]+x",
         r"by the role server -?[\d.]+ ms \(its app and task store -?[\d.]+ ms,",
+        r"a frame costs a2a-sdk, both ends .*: -?[\d.]+ ms",
         r"local child overhead.*: wall -?[\d.]+ ms",
     ],
     "fanout.py": [
