@@ -21,6 +21,9 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
                role server's share that is not its role executor
   bare +3      the bare server sending three working status updates before
                its result: what a frame costs a2a-sdk at both ends
+  SDK->replay  the bare client to a bare server sending the frames the role
+               server sent it for one turn (recorded first): what the role
+               server's frames cost a2a-sdk, without the role server's work
 
 All in this process and one run, so CPU time (process time, which counts the
 servers' and the stores' threads too) covers both ends of every variant alike.
@@ -38,6 +41,7 @@ import contextlib
 import statistics
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -57,9 +61,12 @@ from a2a.types import (
     AgentSkill,
     Role,
     SendMessageRequest,
+    StreamResponse,
     Task,
+    TaskArtifactUpdateEvent,
     TaskState,
     TaskStatus,
+    TaskStatusUpdateEvent,
 )
 from benchkit import collector_line, machine_line, min_median
 from starlette.applications import Starlette
@@ -117,6 +124,43 @@ class ServedInstantExecutor(InstantExecutor):
         yield
 
 
+class ReplayExecutor(InstantExecutor):
+    """Sends again, to each new task, the frames a role server sent for one
+    instant turn (`frames`, recorded by the bench before it times anything):
+    a bare a2a-sdk server with the role server's frames and none of its work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[StreamResponse] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "", context.context_id or ""
+        for frame in self.frames:
+            if frame.HasField("task"):
+                task = Task()
+                task.CopyFrom(frame.task)
+                task.id, task.context_id = task_id, context_id
+                del task.history[:]
+                if context.message is not None:
+                    task.history.append(context.message)
+                await event_queue.enqueue_event(task)
+            elif frame.HasField("status_update"):
+                update = TaskStatusUpdateEvent()
+                update.CopyFrom(frame.status_update)
+                update.task_id, update.context_id = task_id, context_id
+                if update.status.HasField("message"):
+                    message = update.status.message
+                    message.task_id, message.context_id = task_id, context_id
+                    message.message_id = uuid.uuid4().hex
+                await event_queue.enqueue_event(update)
+            elif frame.HasField("artifact_update"):
+                artifact = TaskArtifactUpdateEvent()
+                artifact.CopyFrom(frame.artifact_update)
+                artifact.task_id, artifact.context_id = task_id, context_id
+                artifact.artifact.artifact_id = uuid.uuid4().hex
+                await event_queue.enqueue_event(artifact)
+
+
 def bare_card(url: str) -> AgentCard:
     return AgentCard(
         name="bare",
@@ -133,10 +177,12 @@ def bare_card(url: str) -> AgentCard:
     )
 
 
-def bare_app(url: str, working: int = 0) -> Starlette:
+def bare_app(url: str, working: int = 0, executor: AgentExecutor | None = None) -> Starlette:
     card = bare_card(url)
     handler = DefaultRequestHandler(
-        agent_executor=InstantExecutor(working), task_store=InMemoryTaskStore(), agent_card=card
+        agent_executor=executor or InstantExecutor(working),
+        task_store=InMemoryTaskStore(),
+        agent_card=card,
     )
     return Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
 
@@ -165,6 +211,10 @@ async def main(rounds: int, n: int) -> None:
         sock = bind_socket("127.0.0.1", 0)
         framed_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         await tg.start(serve, bare_app(framed_url, working=EXTRA_FRAMES), sock)
+        replay = ReplayExecutor()
+        sock = bind_socket("127.0.0.1", 0)
+        replay_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        await tg.start(serve, bare_app(replay_url, executor=replay), sock)
         card = await A2ACardResolver(http, bare_url).get_agent_card()
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
 
@@ -192,6 +242,12 @@ async def main(rounds: int, n: int) -> None:
             framed_card = await A2ACardResolver(http, framed_url).get_agent_card()
             framed_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
                 framed_card
+            )
+            request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
+            replay.frames = [frame async for frame in role_client.send_message(request)]
+            replay_card = await A2ACardResolver(http, replay_url).get_agent_card()
+            replay_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
+                replay_card
             )
             app_card = await A2ACardResolver(http, app_url).get_agent_card()
             app_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
@@ -223,6 +279,7 @@ async def main(rounds: int, n: int) -> None:
                     "Session->SDK": delegate("bare"),
                     "SDK->app": sdk_call(app_client),
                     FRAMED: sdk_call(framed_client),
+                    "SDK->replay": sdk_call(replay_client),
                 }
                 for call in variants.values():  # warm up connections and caches
                     for _ in range(min(10, n)):
@@ -274,10 +331,12 @@ async def main(rounds: int, n: int) -> None:
     )
     role_added = median_of(cpu, "SDK->role") - floor_cpu
     app_added = median_of(cpu, "SDK->app") - floor_cpu
+    frames_added = median_of(cpu, "SDK->replay") - floor_cpu
     print(
         f"added to the floor (cpu medians): by the role server {role_added * 1000:.2f} ms"
-        f" (its app and task store {app_added * 1000:.2f} ms,"
-        f" its role executor and the frames it sends {(role_added - app_added) * 1000:.2f} ms),"
+        f" (its frames {frames_added * 1000:.2f} ms, its app and task store"
+        f" {app_added * 1000:.2f} ms, the rest {(role_added - frames_added - app_added) * 1000:.2f}"
+        " ms),"
         f" by the orchestrator's side {(median_of(cpu, 'Session->SDK') - floor_cpu) * 1000:.2f} ms"
     )
     frame = (median_of(cpu, FRAMED) - floor_cpu) / EXTRA_FRAMES
