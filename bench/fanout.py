@@ -140,4 +140,5 @@ if __name__ == "__main__":
     )
     parser.add_argument("--quick", action="store_true", help="20 children, 2 servers: a smoke test")
     args = parser.parse_args()
-    anyio.run(main, *((20, 2) if args.quick else (args.children, args.servers)), args.default_gc)
+    children, servers = (20, 2) if args.quick else (args.children, args.servers)
+    anyio.run(main, children, servers, args.default_gc)

@@ -18,6 +18,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 
 
-def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+def script(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not any(m["role"] == "assistant" for m in messages):
         return {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
     return {"text": "ok"}

@@ -137,4 +137,5 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="3 rounds of 2x10 calls: smoke test")
     args = parser.parse_args()
     sizes = (3, 2, 10) if args.quick else (args.rounds, args.turns, args.calls)
-    anyio.run(main, *sizes, args.tool)
+    rounds, turns, calls = sizes
+    anyio.run(main, rounds, turns, calls, args.tool)

@@ -112,8 +112,8 @@ async def main(rounds: int, n: int) -> None:
                 "local": delegate("local"),
                 "remote": delegate("remote"),
             }
-            for mode in modes.values():  # warm up connections, caches, imports
-                tracing.use_provider(mode)
+            for chosen in modes.values():  # warm up connections, caches, imports
+                tracing.use_provider(chosen)
                 for call in variants.values():
                     for _ in range(min(5, n)):
                         await call()

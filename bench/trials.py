@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ SETTLE = 1.5
 """Seconds waited after recovery, past the command's own time."""
 
 
-def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+def script(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
     steps = sum(1 for m in messages if m["role"] == "assistant")
     if steps == 0:
         return {"tool_calls": [{"name": "run_command", "arguments": {"command": COMMAND}}]}
