@@ -468,9 +468,9 @@ class RoleExecutor(AgentExecutor):
     def _evict(self) -> None:
         """Drop the least recently used idle conversations while over a bound.
 
-        Oldest first, and only as far as the bounds need: a server holding
-        `MAX_CONVERSATIONS` evicts one per new context, so a turn's end costs
-        the same however many conversations are held."""
+        Oldest first, and only as far as the bounds need, against the total
+        kept in `_sized`: a server holding `MAX_CONVERSATIONS` drops one per
+        new context without adding up every held conversation."""
         surplus = len(self._conversations) - MAX_CONVERSATIONS
         if self._sized <= self.max_memory and surplus <= 0:
             return
