@@ -19,7 +19,7 @@ import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
 
-__all__ = ["bind_socket", "serve"]
+__all__ = ["MAX_REQUEST_HEAD", "bind_socket", "serve", "server_config"]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -72,6 +72,33 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+MAX_REQUEST_HEAD = 16 * 1024
+"""Bytes of a request's line and headers h11 buffers while waiting for their
+end; past it the request gets 400 (a head that arrives whole in one read of
+the socket is parsed at once, whatever its size up to that read's)."""
+
+
+def server_config(app: ASGIApp, log_level: str = "warning") -> uvicorn.Config:
+    """The uvicorn settings every server here runs with."""
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        ws="none",
+        # h11 whatever else is installed: uvicorn's "auto" takes httptools
+        # when it can be imported (uvicorn[standard] brings it), and that
+        # parser buffers a request head of any size, so a header flood
+        # would grow a connection's buffer without bound.
+        http="h11",
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD,
+        # An idle kept-alive connection is closed after this many seconds, so
+        # idle clients cannot pin connections; slow request bodies are cut by
+        # the body middleware's deadline (408).
+        timeout_keep_alive=5,
+    )
+
+
 async def serve(
     app: ASGIApp,
     sock: socket.socket,
@@ -87,20 +114,7 @@ async def serve(
     Reports the port through `task_status` once uvicorn accepts connections,
     so after `await tg.start(serve, app, sock)` the server is ready.
     """
-    config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-        ws="none",
-        # An idle kept-alive connection is closed after this many seconds, so
-        # idle clients cannot pin connections; slow request bodies are cut by
-        # the body middleware's deadline (408).
-        timeout_keep_alive=5,
-        # Request line and headers together may not pass 16 KiB (h11 answers
-        # 400 past it), so a header flood cannot grow a connection's buffer.
-        h11_max_incomplete_event_size=16 * 1024,
-    )
+    config = server_config(app, log_level)
     server = _Server(config, before_shutdown, install_signal_handlers)
     finished = anyio.Event()
 

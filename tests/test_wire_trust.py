@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -35,6 +37,7 @@ from a2a_orchestrator.network import AgentSpec
 from a2a_orchestrator.overrides import offered_models
 from a2a_orchestrator.roles import find_role, load_role_file
 from a2a_orchestrator.server import RunningServer, run_role_server
+from a2a_orchestrator.serving import MAX_REQUEST_HEAD
 from a2a_orchestrator.tools import Workspace
 from a2a_orchestrator.transports.local import LocalDelegate
 from a2a_orchestrator.wire import CONFIG_KEY
@@ -455,6 +458,60 @@ async def test_a_trickled_body_gets_408_within_the_deadline(tmp_path: Path) -> N
     assert not scope.cancel_called, "the server never ended the slow request"
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert 0.8 <= elapsed < 4
+
+
+async def test_a_header_flood_gets_400_before_the_server_buffers_it(tmp_path: Path) -> None:
+    sent = 0
+    with anyio.fail_after(20):
+        async with served(tmp_path, ScriptedModel([])) as server:
+            stream = await anyio.connect_tcp("127.0.0.1", server.port)
+            async with stream, anyio.create_task_group() as tg:
+
+                async def flood() -> None:
+                    # A header that never ends, 4 KiB at a time, each its own
+                    # read on the server's side; it stops once the server
+                    # closed the connection.
+                    nonlocal sent
+                    with contextlib.suppress(
+                        anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
+                    ):
+                        await stream.send(b"GET /.well-known/agent-card.json HTTP/1.1\r\n")
+                        await stream.send(b"Host: 127.0.0.1\r\nX-Flood: ")
+                        for _ in range(256):
+                            await stream.send(b"a" * 4096)
+                            sent += 4096
+                            await anyio.sleep(0.01)
+
+                tg.start_soon(flood)
+                with anyio.move_on_after(10) as scope:
+                    reply = await _read_response(stream)
+                tg.cancel_scope.cancel()
+    assert not scope.cancel_called, "the server kept reading the flood"
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    # Refused near the limit, long before the megabyte the flood had to send.
+    assert sent < 4 * MAX_REQUEST_HEAD, sent
+
+
+def test_servers_parse_requests_with_h11_even_where_httptools_is_installed() -> None:
+    # uvicorn's default picks httptools whenever it imports, and that parser
+    # has no limit on a request head. A stand-in module is enough to make
+    # uvicorn pick it; the test runs in a fresh interpreter so the stand-in
+    # reaches no other test.
+    program = (
+        "import sys, types\n"
+        "sys.modules['httptools'] = types.ModuleType('httptools')\n"
+        "from uvicorn.protocols.http.h11_impl import H11Protocol\n"
+        "from a2a_orchestrator.serving import server_config\n"
+        "async def app(scope, receive, send): pass\n"
+        "config = server_config(app)\n"
+        "config.load()\n"
+        "print(config.http_protocol_class.__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "H11Protocol"
 
 
 async def test_conversations_are_bounded_by_bytes_and_rebuilt(tmp_path: Path) -> None:
