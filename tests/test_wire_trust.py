@@ -488,8 +488,10 @@ async def test_a_header_flood_gets_400_before_the_server_buffers_it(tmp_path: Pa
                 tg.cancel_scope.cancel()
     assert not scope.cancel_called, "the server kept reading the flood"
     assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
-    # Refused near the limit, long before the megabyte the flood had to send.
-    assert sent < 4 * MAX_REQUEST_HEAD, sent
+    # Refused long before the megabyte the flood had to send: near the limit
+    # when the server keeps up (16 KiB in trials), more when it is slow to
+    # read and the flood runs ahead of it.
+    assert sent < 16 * MAX_REQUEST_HEAD, sent
 
 
 def test_servers_parse_requests_with_h11_even_where_httptools_is_installed() -> None:
