@@ -17,8 +17,9 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
                what the orchestrator's side adds to the floor
   SDK->app     the bare client streaming to the project's server app
                (`build_app`: its middleware, request handler and SQLite task
-               store) around the bare server's executor: the part of the
-               role server's share that is not its role executor
+               store) around the bare server's executor, with its three
+               frames: the app's own cost (what it costs for the role
+               server's extra frames falls in "the rest" below)
   bare +3      the bare server sending three working status updates before
                its result: what a frame costs a2a-sdk at both ends
   SDK->replay  the bare client to a bare server sending the frames the role
