@@ -48,7 +48,7 @@ from pathlib import Path
 
 import anyio
 import httpx
-from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers import new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
@@ -69,6 +69,7 @@ from a2a.types import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
+from anyio.abc import TaskGroup
 from benchkit import collector_line, machine_line, min_median
 from starlette.applications import Starlette
 
@@ -196,38 +197,41 @@ async def timed(count: int, call: Call, wall: list[float], cpu: list[float]) -> 
         wall.append(time.perf_counter() - started)
 
 
+async def started(tg: TaskGroup, app_for: Callable[[str], Starlette]) -> str:
+    """The URL of `app_for(url)`, served on a free loopback port."""
+    sock = bind_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    await tg.start(serve, app_for(url), sock)
+    return url
+
+
+async def sdk_call(http: httpx.AsyncClient, url: str) -> Call:
+    """One streamed message to the agent at `url`, through a bare a2a-sdk client."""
+    card = await A2ACardResolver(http, url).get_agent_card()
+    client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
+
+    async def call() -> None:
+        request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
+        async for _ in client.send_message(request):
+            pass
+
+    return call
+
+
 async def main(rounds: int, n: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="a2a-bench-"))
     model = ScriptedModel(lambda messages: {"text": "ok"})
+    replay = ReplayExecutor()
     async with anyio.create_task_group() as tg, httpx.AsyncClient(timeout=30) as http:
-        sock = bind_socket("127.0.0.1", 0)
-        bare_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        await tg.start(serve, bare_app(bare_url), sock)
-        sock = bind_socket("127.0.0.1", 0)
-        app_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = build_app(
-            ServedInstantExecutor(), bare_card(app_url), open_task_store(str(work / "app.db"))
+        bare_url = await started(tg, bare_app)
+        app_url = await started(
+            tg,
+            lambda url: build_app(
+                ServedInstantExecutor(), bare_card(url), open_task_store(str(work / "app.db"))
+            ),
         )
-        await tg.start(serve, app, sock)
-        sock = bind_socket("127.0.0.1", 0)
-        framed_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        await tg.start(serve, bare_app(framed_url, working=EXTRA_FRAMES), sock)
-        replay = ReplayExecutor()
-        sock = bind_socket("127.0.0.1", 0)
-        replay_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        await tg.start(serve, bare_app(replay_url, executor=replay), sock)
-        card = await A2ACardResolver(http, bare_url).get_agent_card()
-        client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
-
-        def sdk_call(client: Client) -> Call:
-            async def call() -> None:
-                request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
-                async for _ in client.send_message(request):
-                    pass
-
-            return call
-
-        bare = sdk_call(client)
+        framed_url = await started(tg, lambda url: bare_app(url, working=EXTRA_FRAMES))
+        replay_url = await started(tg, lambda url: bare_app(url, executor=replay))
 
         async def in_process() -> None:
             async for _ in model.stream([{"role": "user", "content": "hi"}], []):
@@ -236,24 +240,13 @@ async def main(rounds: int, n: int) -> None:
         async with run_role_server(
             find_role("coder"), model, work, db=str(work / "role.db")
         ) as server:
+            # The frames the bare client gets from the role server, for the replay.
             role_card = await A2ACardResolver(http, server.url).get_agent_card()
             role_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
                 role_card
             )
-            framed_card = await A2ACardResolver(http, framed_url).get_agent_card()
-            framed_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
-                framed_card
-            )
             request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
             replay.frames = [frame async for frame in role_client.send_message(request)]
-            replay_card = await A2ACardResolver(http, replay_url).get_agent_card()
-            replay_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
-                replay_card
-            )
-            app_card = await A2ACardResolver(http, app_url).get_agent_card()
-            app_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
-                app_card
-            )
             network = Network.of(
                 AgentSpec(name="remote", role="coder", url=server.url),
                 AgentSpec(name="local", role="coder"),
@@ -272,15 +265,15 @@ async def main(rounds: int, n: int) -> None:
                     return call
 
                 variants: dict[str, Call] = {
-                    "bare SDK": bare,
+                    "bare SDK": await sdk_call(http, bare_url),
                     "in-process": in_process,
                     "local": delegate("local"),
                     "remote": delegate("remote"),
-                    "SDK->role": sdk_call(role_client),
+                    "SDK->role": await sdk_call(http, server.url),
                     "Session->SDK": delegate("bare"),
-                    "SDK->app": sdk_call(app_client),
-                    FRAMED: sdk_call(framed_client),
-                    "SDK->replay": sdk_call(replay_client),
+                    "SDK->app": await sdk_call(http, app_url),
+                    FRAMED: await sdk_call(http, framed_url),
+                    "SDK->replay": await sdk_call(http, replay_url),
                 }
                 for call in variants.values():  # warm up connections and caches
                     for _ in range(min(10, n)):
