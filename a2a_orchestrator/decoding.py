@@ -51,8 +51,8 @@ __all__ = [
     "StreamDecoder",
     "events_of",
     "history_entries",
+    "reported_usage",
     "transcript_from_history",
-    "usage_from_wire",
 ]
 
 _FAIL_REASONS: set[str] = {"error", "max_turns", "aborted", "timeout", "lost", "budget"}
@@ -71,9 +71,14 @@ def _data(message: Message) -> dict[str, Any]:
     return {}
 
 
-def usage_from_wire(raw: Any) -> Usage:
-    """A `usage` object as read back by `metadata_of` (snake_case keys); 0 for what is missing."""
-    return _usage(raw)
+def reported_usage(message: Message) -> Usage:
+    """The usage a turn's last status message reports: its done's or
+    failed's, alone or ending a batch (`frames.py`); 0 for what is missing.
+    Raises `ValueError` for a Struct JSON cannot hold."""
+    if _kind(message) == BATCH_KIND and _ends_turn(message):
+        metadata = message.parts[-1].metadata
+        return _usage(from_wire(plain(MessageToDict(metadata))).get("usage"))
+    return _usage(metadata_of(message).get("usage"))
 
 
 def _usage(raw: Any) -> Usage:
@@ -96,12 +101,23 @@ def _decode_part(part: Part) -> ChildEvent | None:
     if not kind:
         return None
     uuid = struct_string(fields.get(EVENT_ID_KEY)) or new_uuid()
-    # A batch holds WORKING events, whose part says all; other kinds (which
-    # a batch does not hold today) read their usage and reason as a message's.
+    # A WORKING event's part says all; the event that ends a batch's turn
+    # (`frames.py`) reads its usage, spend and reason as a message's.
     meta = {} if kind in _WORKING_KINDS else from_wire(plain(MessageToDict(part.metadata)))
     text = part.text if part.HasField("text") else ""
     data: Any = from_wire(_python(part.data)) if part.HasField("data") else {}
     return _event(kind, uuid, meta, text, data if isinstance(data, dict) else {})
+
+
+def _kind(message: Message) -> str:
+    return struct_string(message.metadata.fields.get(EVENT_KEY))
+
+
+def _ends_turn(batch: Message) -> bool:
+    """Whether `batch`'s last part is the event that ends its turn."""
+    if not batch.parts:
+        return False
+    return struct_string(batch.parts[-1].metadata.fields.get(EVENT_KEY)) in _ENDING_KINDS
 
 
 def _python(value: Value) -> Any:
@@ -124,6 +140,7 @@ def _python(value: Value) -> Any:
 
 
 _WORKING_KINDS = frozenset({"message_delta", "message", "tool_called", "tool_result"})
+_ENDING_KINDS = frozenset({"done", "failed", "input_required"})
 
 
 def events_of(message: Message, meta: dict[str, Any] | None = None) -> list[ChildEvent]:
@@ -322,7 +339,10 @@ class StreamDecoder:
             if isinstance(kind, str):
                 if kind != BATCH_KIND or state == TaskState.TASK_STATE_WORKING:
                     return self._fresh(message, meta)
-                # A batch holds WORKING events: a peer that sends one with
+                if _ends_turn(message):
+                    # The turn's end came with the events before it (`frames.py`).
+                    return [*self._start(), *self._fresh(message, meta)]
+                # A batch of WORKING events only: a peer that sends one with
                 # another state changes the state all the same (ends the
                 # turn, with its artifacts as the result), after its events.
                 batch, message = self._fresh(message, meta), None

@@ -17,9 +17,10 @@ seconds releases it too. Rules live as long as the task's running turn.
 
 Frames: a turn's events go out as `wire.publish` sends them, one status
 update each; a request that activates the batch extension
-(`wire.BATCH_EXTENSION`) gets its turn's WORKING events batched
-(`frames.FrameBatcher`), and an event a pause rule holds the turn at is sent
-before the turn takes its next step.
+(`wire.BATCH_EXTENSION`, or its v1) gets its turn's WORKING events batched,
+the turn's end with the last batch under v2 (`frames.FrameBatcher`), and an
+event a pause rule holds the turn at is sent before the turn takes its next
+step.
 
 A child's configuration (system prompt, a subset of the role's tools, model,
 limits, a budget, the network turned off, an explicitly shared context)
@@ -77,6 +78,7 @@ from .tools import Sandbox, Workspace
 from .transcript import rebuild_transcript
 from .wire import (
     BATCH_EXTENSION,
+    BATCH_EXTENSION_V1,
     CONFIG_KEY,
     PAUSE_ON_KEY,
     metadata_of,
@@ -333,7 +335,12 @@ class RoleExecutor(AgentExecutor):
             )
 
         # The caller reads batched frames (`frames.py`): only then are they sent.
-        frames = FrameBatcher(updater) if BATCH_EXTENSION in context.requested_extensions else None
+        requested = context.requested_extensions
+        frames = None
+        if BATCH_EXTENSION in requested:
+            frames = FrameBatcher(updater)
+        elif BATCH_EXTENSION_V1 in requested:
+            frames = FrameBatcher(updater, fold_ending=False)
 
         async def emit(event: ChildEvent) -> None:
             nonlocal opening

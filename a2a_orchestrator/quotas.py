@@ -49,9 +49,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .callers import Limits
-from .decoding import usage_from_wire
+from .decoding import reported_usage
 from .usage import UsageLog, today
-from .wire import metadata_of
 
 __all__ = [
     "CONCURRENCY_RETRY_AFTER",
@@ -258,12 +257,13 @@ class Quotas:
 
 
 def _reported_usage(task: Task) -> tuple[int, int]:
-    """The usage a task's final status reports (`wire.publish` of Done / Failed)."""
+    """The usage a task's final status reports (`wire.publish` of Done / Failed,
+    alone or ending a batch)."""
     message = task.status.message
     if not message.HasField("metadata"):
         return 0, 0
     try:
-        usage = usage_from_wire(metadata_of(message).get("usage"))
+        usage = reported_usage(message)
     except (TypeError, ValueError):
         return 0, 0
     return usage.input_tokens, usage.output_tokens

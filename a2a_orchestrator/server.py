@@ -86,6 +86,7 @@ from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .usage import UsageLog, usage_path
 from .wire import (
     BATCH_EXTENSION,
+    BATCH_EXTENSION_V1,
     BATCH_KIND,
     CONTROL_EXTENSION,
     CONTROL_KEY,
@@ -207,13 +208,26 @@ CONTROL_CARD_EXTENSION = AgentExtension(
 )
 
 
-BATCH_CARD_EXTENSION = AgentExtension(
-    uri=BATCH_EXTENSION,
-    description="Batched child events: a request that activates this extension "
+_BATCH_FORMAT = (
+    "Batched child events: a request that activates this extension "
     "(A2A-Extensions header) may get several WORKING events of its task in one status "
     f"update: its message's metadata is {{{EVENT_KEY!r}: {BATCH_KIND!r}}}, and each part "
     f"is one event, whose part metadata {{{EVENT_KEY!r}: kind, {EVENT_ID_KEY!r}: uuid}} "
-    "names it. Without it, every event is a status update of its own.",
+    "names it. Without it, every event is a status update of its own."
+)
+
+BATCH_CARD_EXTENSION = AgentExtension(
+    uri=BATCH_EXTENSION,
+    description=f"{_BATCH_FORMAT} The event that ends the turn (done, failed, "
+    "input_required), when it follows queued events at once, is the batch's last part "
+    "(its usage, spent and reason in the part's metadata) and the update has its state; "
+    "a done's result artifact comes just before that update.",
+    required=False,
+)
+
+BATCH_V1_CARD_EXTENSION = AgentExtension(
+    uri=BATCH_EXTENSION_V1,
+    description=f"{_BATCH_FORMAT} A batch holds WORKING events only.",
     required=False,
 )
 
@@ -250,7 +264,7 @@ def build_card(
         url=url,
         skills=skills,
         auth=auth,
-        extensions=[CONTROL_CARD_EXTENSION, BATCH_CARD_EXTENSION],
+        extensions=[CONTROL_CARD_EXTENSION, BATCH_CARD_EXTENSION, BATCH_V1_CARD_EXTENSION],
         access=access,
         legacy=legacy,
     )

@@ -22,7 +22,10 @@ reason where the event has one), so our own client reads events back exactly;
 a caller that activates the batch extension (`BATCH_EXTENSION`, `frames.py`)
 may get several WORKING events in one status message instead: `EVENT_KEY` is
 `batch`, each part is one event (its part as in the table) with the event's
-kind and uuid in the part's metadata (`EVENT_KEY`, `EVENT_ID_KEY`). Reading
+kind and uuid in the part's metadata (`EVENT_KEY`, `EVENT_ID_KEY`); under
+the extension's v2 the batch's last part may be the event that ends the turn
+(done, failed, input_required: its text part, the rest of its metadata in
+the part's), and the status is then that event's (`end_turn`). Reading
 them back is `decoding.py`'s: every reader decodes such a message to its
 events, in order, each by its uuid; a foreign A2A agent's plain status
 updates and artifacts decode to the closest events (`StreamDecoder`). Agent
@@ -78,6 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_EXTENSION",
+    "BATCH_EXTENSION_V1",
     "BATCH_KIND",
     "CONFIG_KEY",
     "CONTROL_EXTENSION",
@@ -88,6 +92,7 @@ __all__ = [
     "MAX_PAUSE_RULES",
     "PAUSE_ON_KEY",
     "RESULT_ARTIFACT",
+    "end_turn",
     "event_to_wire",
     "from_wire",
     "metadata_of",
@@ -117,10 +122,16 @@ MAX_PAUSE_RULES = 32
 """Pause rules one task may carry (each is matched against each of its events)."""
 CONTROL_EXTENSION = "https://a2a-orchestrator.dev/extensions/control/v1"
 """The A2A extension a role server declares when it takes control messages."""
-BATCH_EXTENSION = "https://a2a-orchestrator.dev/extensions/batch/v1"
+BATCH_EXTENSION = "https://a2a-orchestrator.dev/extensions/batch/v2"
 """The A2A extension a role server declares when it can send consecutive
-WORKING events of a turn as one status update (`frames.py`); a caller that
-asks for it (`A2A-Extensions`) reads such updates (`decoding.events_of`)."""
+WORKING events of a turn as one status update (`frames.py`), the event that
+ends the turn included when it follows them at once (the update then has
+that event's state); a caller that asks for it (`A2A-Extensions`) reads such
+updates (`decoding.events_of`)."""
+BATCH_EXTENSION_V1 = "https://a2a-orchestrator.dev/extensions/batch/v1"
+"""The batch extension as callers before v2 read it: WORKING events only,
+each turn-ending event in a status update of its own. Still declared and
+served, so such a caller keeps reading a server of this version."""
 BATCH_KIND = "batch"
 """`EVENT_KEY` of a batch's message (older readers skip a kind they do not know)."""
 EVENT_ID_KEY = "a2aOrchestrator.eventId"
@@ -258,38 +269,49 @@ def _data_part(data: dict[str, Any]) -> Part:
 
 async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
     """Send one child event as the A2A updates the table above gives."""
-    meta: dict[str, Any] = {EVENT_KEY: event.kind}
-    working = TaskState.TASK_STATE_WORKING
     part = working_part(event)
     if part is not None:
-        await _status(updater, working, [part], meta, event.uuid)
+        working = TaskState.TASK_STATE_WORKING
+        await _status(updater, working, [part], {EVENT_KEY: event.kind}, event.uuid)
         return
+    if isinstance(event, Started):
+        message = started_message(event, updater.new_agent_message([]))
+        await updater.update_status(TaskState.TASK_STATE_WORKING, message)
+        return
+    ending = await end_turn(updater, event)
+    if ending is not None:
+        state, part, meta = ending
+        await _status(updater, state, [part], {EVENT_KEY: event.kind, **meta}, event.uuid)
+
+
+async def end_turn(
+    updater: TaskUpdater, event: ChildEvent
+) -> tuple[TaskState, Part, dict[str, Any]] | None:
+    """For an event that ends a turn (Done, Failed, InputRequired): its task
+    state, the text part of its status message and that message's other
+    metadata, once the artifacts that go before it are sent (Done's result);
+    None for any other event."""
     match event:
-        case Started():
-            message = started_message(event, updater.new_agent_message([]))
-            await updater.update_status(working, message)
         case InputRequired(question=question, spent=spent):
-            meta["spent"] = spent.as_dict()
             state = TaskState.TASK_STATE_INPUT_REQUIRED
-            await _status(updater, state, [new_text_part(question)], meta, event.uuid)
+            return state, new_text_part(question), {"spent": spent.as_dict()}
         case Done(text=text, usage=usage, spent=spent):
-            meta["usage"] = usage.as_dict()
-            meta["spent"] = spent.as_dict()
             await updater.add_artifact(
                 [new_text_part(text)],
                 name=RESULT_ARTIFACT,
                 metadata=to_wire({"usage": usage.as_dict()}),
             )
-            state = TaskState.TASK_STATE_COMPLETED
-            await _status(updater, state, [new_text_part(text)], meta, event.uuid)
+            spend = {"usage": usage.as_dict(), "spent": spent.as_dict()}
+            return TaskState.TASK_STATE_COMPLETED, new_text_part(text), spend
         case Failed(reason=reason, message=message, usage=usage, spent=spent):
-            meta.update(reason=reason, usage=usage.as_dict(), spent=spent.as_dict())
             state = (
                 TaskState.TASK_STATE_CANCELED
                 if reason == "aborted"
                 else TaskState.TASK_STATE_FAILED
             )
-            await _status(updater, state, [new_text_part(message)], meta, event.uuid)
+            spend = {"usage": usage.as_dict(), "spent": spent.as_dict()}
+            return state, new_text_part(message), {"reason": reason, **spend}
+    return None
 
 
 def started_message(event: Started, message: Message) -> Message:

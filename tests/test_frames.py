@@ -23,6 +23,9 @@ from a2a.helpers import new_text_message
 from a2a.server.events import EventQueueLegacy
 from a2a.server.tasks import TaskUpdater
 from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentExtension,
     GetTaskRequest,
     Message,
     Role,
@@ -36,7 +39,7 @@ from test_at_most_once import _wait_for_text
 from test_delegation import session_for
 from test_recovery import start_role_server
 
-from a2a_orchestrator.decoding import StreamDecoder, history_entries
+from a2a_orchestrator.decoding import StreamDecoder, events_of, history_entries, reported_usage
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import (
     AssistantMessage,
@@ -48,15 +51,17 @@ from a2a_orchestrator.events import (
     ToolResult,
 )
 from a2a_orchestrator.frames import FrameBatcher
-from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.models import ScriptedModel, Usage
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.server import build_card, run_role_server
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.transcript import INTERRUPTED_CALL
+from a2a_orchestrator.transports.extensions import wanted_extensions
 from a2a_orchestrator.wire import (
     BATCH_EXTENSION,
+    BATCH_EXTENSION_V1,
     BATCH_KIND,
     CONTROL_KEY,
     EVENT_ID_KEY,
@@ -69,6 +74,8 @@ pytestmark = pytest.mark.anyio
 
 BATCHED = ClientCallContext(service_parameters={"A2A-Extensions": BATCH_EXTENSION})
 """A call that activates the batch extension (as the remote transport's calls do)."""
+BATCHED_V1 = ClientCallContext(service_parameters={"A2A-Extensions": BATCH_EXTENSION_V1})
+"""A call that activates the batch extension's v1 (as older orchestrators' calls do)."""
 
 HELD_FOR = 0.2
 """How long a held child is watched for a step: a step here takes microseconds."""
@@ -137,6 +144,7 @@ async def test_a_busy_child_reaches_the_orchestrator_as_the_local_events_in_few_
         async with role_server(tmp_path, script) as server, a2a_client(server.url) as client:
             plain, plain_events = await frames_of(client, go(), None)
             batched, batched_events = await frames_of(client, go(), BATCHED)
+            v1, v1_events = await frames_of(client, go(), BATCHED_V1)
     # The orchestrator's remote child: the in-process child's events, in order.
     assert relayed["remote"] == relayed["local"]
     expected = ["started", *["tool_called"] * 100, *["tool_result"] * 100, "message_delta"]
@@ -154,14 +162,35 @@ async def test_a_busy_child_reaches_the_orchestrator_as_the_local_events_in_few_
         assert len(message.parts) == 1 and not message.parts[0].HasField("metadata")
         assert not message.extensions
     # One that asks: the turn's start in the task's own frame, the 200 tool
-    # events in one frame (a turn that did not yield), the end alone.
+    # events in one frame (a turn that did not yield), then the result
+    # artifact, and the answer with the turn's end in the last frame.
     opening = batched[0].task
     assert batched[0].WhichOneof("payload") == "task"
     assert opening.status.state == TaskState.TASK_STATE_WORKING
     assert opening.status.message.metadata[EVENT_KEY] == "started"
     assert opening.status.message.message_id == batched_events[0].uuid
+    assert [r.WhichOneof("payload") for r in batched] == [
+        "task",
+        "status_update",
+        "artifact_update",
+        "status_update",
+    ]
+    assert batched[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     messages = status_messages(batched)
-    assert len(messages) < 10
+    assert all(m.metadata[EVENT_KEY] == BATCH_KIND for m in messages)
+    assert [len(m.parts) for m in messages] == [200, 3]
+    for message in messages:
+        assert list(message.extensions) == [BATCH_EXTENSION]
+        for part in message.parts:
+            assert {EVENT_KEY, EVENT_ID_KEY} <= set(part.metadata.keys())
+    *answer, ending = messages[-1].parts
+    for part in [*messages[0].parts, *answer]:
+        assert set(part.metadata.keys()) == {EVENT_KEY, EVENT_ID_KEY}
+    assert ending.metadata[EVENT_KEY] == "done" and ending.text == "done"
+    assert set(ending.metadata.keys()) == {EVENT_KEY, EVENT_ID_KEY, "usage", "spent"}
+    # A caller of the extension's v1: the same events, the end alone.
+    assert v1_events == relayed["local"]
+    messages = status_messages(v1)
     batches = [m for m in messages if m.metadata[EVENT_KEY] == BATCH_KIND]
     assert [len(m.parts) for m in batches] == [200, 2]
     for message in batches:
@@ -213,9 +242,40 @@ async def test_batches_are_bounded_and_never_wait_for_more_events() -> None:
             assert frames[2].status.message.metadata[EVENT_KEY] == BATCH_KIND
             await batcher.publish(ToolCalled(call_id="c", tool="t"))
             await batcher.publish(ToolResult(call_id="c", tool="t", output="ok", success=True))
+            await batcher.publish(Done(text="done", usage=Usage(input_tokens=7, output_tokens=2)))
+            frames = await sent()
+    # The Done ended the batch it followed (v2): the result artifact, then one
+    # COMPLETED update holding the call, its result and the Done.
+    assert [type(f).__name__ for f in frames] == [
+        "TaskArtifactUpdateEvent",
+        "TaskStatusUpdateEvent",
+    ]
+    assert frames[0].artifact.parts[0].text == "done"
+    ended = frames[1].status
+    assert ended.state == TaskState.TASK_STATE_COMPLETED
+    assert ended.message.metadata[EVENT_KEY] == BATCH_KIND
+    assert [p.metadata[EVENT_KEY] for p in ended.message.parts] == [
+        "tool_called",
+        "tool_result",
+        "done",
+    ]
+    decoded = events_of(ended.message)
+    assert kinds(decoded) == ["tool_called", "tool_result", "done"]
+    assert isinstance(decoded[-1], Done) and decoded[-1].usage == Usage(
+        input_tokens=7, output_tokens=2
+    )
+    assert reported_usage(ended.message) == Usage(input_tokens=7, output_tokens=2)
+
+    # A v1 caller's batcher: the Done flushes the batch, then goes alone.
+    queue = EventQueueLegacy()
+    updater = TaskUpdater(queue, "t1", "c1")
+    batcher = FrameBatcher(updater, fold_ending=False)
+    with anyio.fail_after(10):
+        async with batcher.flushing():
+            await batcher.publish(ToolCalled(call_id="c", tool="t"))
+            await batcher.publish(ToolResult(call_id="c", tool="t", output="ok", success=True))
             await batcher.publish(Done(text="done"))
             frames = await sent()
-    # The Done flushed the batch before it, then went alone (artifact, status).
     assert [type(f).__name__ for f in frames] == [
         "TaskStatusUpdateEvent",
         "TaskArtifactUpdateEvent",
@@ -227,6 +287,7 @@ async def test_batches_are_bounded_and_never_wait_for_more_events() -> None:
     assert write_at_once(Task(id="t1", status=batch))
     assert not write_at_once(Task(id="t1", status=deltas[0].status))  # deltas only
     assert frames[2].status.state == TaskState.TASK_STATE_COMPLETED
+    assert frames[2].status.message.metadata[EVENT_KEY] == "done"
 
 
 # -- pause rules ---------------------------------------------------------------------
@@ -393,3 +454,19 @@ async def test_histories_written_either_way_read_back_alike(tmp_path: Path) -> N
     early = [e for r in first_frames for e in decoder.decode(r)]
     assert len(early) > 1
     assert early + decoder.decode_task(new) == batched_events
+
+
+def test_the_orchestrator_asks_for_the_newest_batch_version_a_card_declares() -> None:
+    """A card of this version declares v2 and v1 (v2 is asked for); an older
+    role server's declares v1 only (v1 is asked for, and its frames read as
+    ever); a foreign agent's declares neither (no header)."""
+
+    def card(*uris: str) -> AgentCard:
+        extensions = [AgentExtension(uri=uri) for uri in uris]
+        return AgentCard(name="a", capabilities=AgentCapabilities(extensions=extensions))
+
+    served = build_card(find_role("coder"), "http://127.0.0.1:1")
+    assert wanted_extensions(served) == [BATCH_EXTENSION]
+    assert wanted_extensions(card(BATCH_EXTENSION_V1, BATCH_EXTENSION)) == [BATCH_EXTENSION]
+    assert wanted_extensions(card(BATCH_EXTENSION_V1)) == [BATCH_EXTENSION_V1]
+    assert wanted_extensions(card("https://example.com/ext")) == []

@@ -59,7 +59,7 @@ from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.usage import UsageLog, today
-from a2a_orchestrator.wire import CONTROL_KEY
+from a2a_orchestrator.wire import BATCH_KIND, CONTROL_KEY, EVENT_KEY
 
 pytestmark = pytest.mark.anyio
 
@@ -728,6 +728,50 @@ async def test_orchestrator_sessions_belong_to_their_caller(tmp_path: Path) -> N
     assert bob_answers == {route: (404, True) for route in bob_answers}
     assert alice_events.status_code == 200 and alice_events.json()["events"]
     assert joined["error"]["code"] == -32602
+
+
+async def test_an_orchestrators_turns_count_against_its_quota_though_they_end_in_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orchestrator reads batched frames (the batch extension's v2), so
+    its child's answer and the turn's end come in one status update, with
+    the usage in that update's last part: the quota still counts it."""
+    path = tmp_path / "callers.toml"
+    token = new_token()
+    path.write_text(f'[callers.carol]\ntoken_hash = "{hash_token(token)}"\ntokens_per_day = 10\n')
+    monkeypatch.setenv("CAROL_TOKEN", token)
+    db = tmp_path / "tasks.db"
+    with anyio.fail_after(45):
+        async with role_server(tmp_path, access=Access(callers=CallerFile(path)), db=db) as server:
+            network = Network.of(
+                AgentSpec(name="coder", role="coder", url=server.url, token_env="CAROL_TOKEN")
+            )
+            store = Store(tmp_path / "orchestrator.db")
+            try:
+                async with Session(store, workdir=tmp_path, network=network) as session:
+                    results = []
+                    for _ in range(2):
+                        handle = await session.spawn(ChildConfig(role="coder", prompt="quick"))
+                        results.append(await handle.result())
+            finally:
+                store.close()
+            async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+                listing = await Peer(http, token).rpc("ListTasks", {})
+        usage = UsageLog(db)
+        rows = {row.owner: row for row in await usage.rows(day=today())}
+        usage.close()
+    first, second = results
+    assert isinstance(first, Done) and first.text == "ok"
+    assert isinstance(second, Failed) and "tokens_per_day is 10" in second.message
+    # The first turn ended in a batch: its answer, then the done with its usage.
+    (task,) = listing["result"]["tasks"]
+    status = task["status"]
+    assert status["state"] == "TASK_STATE_COMPLETED"
+    assert status["message"]["metadata"][EVENT_KEY] == BATCH_KIND
+    ending = status["message"]["parts"][-1]
+    assert ending["metadata"][EVENT_KEY] == "done"
+    assert ending["metadata"]["usage"] == {"inputTokens": 20, "outputTokens": 5}
+    assert (rows["carol"].tasks, rows["carol"].refused, rows["carol"].tokens) == (1, 1, 25)
 
 
 # -- the orchestrator as a client: OAuth2 client credentials ----------------------------

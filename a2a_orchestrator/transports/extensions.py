@@ -15,18 +15,24 @@ from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
 from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
 from a2a.types import AgentCard
 
-from ..wire import BATCH_EXTENSION
+from ..wire import BATCH_EXTENSION, BATCH_EXTENSION_V1
 
 __all__ = ["READ_EXTENSIONS", "ExtensionsInterceptor", "wanted_extensions"]
 
-READ_EXTENSIONS = (BATCH_EXTENSION,)
-"""Extensions whose frames the remote transport reads (`decoding.events_of`)."""
+READ_EXTENSIONS = ((BATCH_EXTENSION, BATCH_EXTENSION_V1),)
+"""Extensions whose frames the remote transport reads (`decoding.events_of`),
+each as its versions, newest first."""
 
 
 def wanted_extensions(card: AgentCard) -> list[str]:
-    """The extensions of `READ_EXTENSIONS` that `card` declares."""
+    """Of each extension in `READ_EXTENSIONS`, the newest version `card` declares."""
     declared = {extension.uri for extension in card.capabilities.extensions}
-    return [uri for uri in READ_EXTENSIONS if uri in declared]
+    wanted = []
+    for versions in READ_EXTENSIONS:
+        uri = next((uri for uri in versions if uri in declared), None)
+        if uri is not None:
+            wanted.append(uri)
+    return wanted
 
 
 class ExtensionsInterceptor(ClientCallInterceptor):
