@@ -94,6 +94,7 @@ __all__ = [
     "DEFAULT_MAX_MEMORY",
     "HOLD_LIMIT",
     "MAX_CONVERSATIONS",
+    "NEW_CONTEXT",
     "RoleExecutor",
     "conversation_size",
 ]
@@ -105,6 +106,11 @@ MAX_CONVERSATIONS = 256
 
 DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
 """Total size of the conversations kept in memory (bytes, see `conversation_size`)."""
+
+NEW_CONTEXT = "a2aOrchestrator.newContext"
+"""Call-context state: the context id a request opens a task in when the
+request handler found no task in that context (`handler.py`), so opening
+its conversation reads no earlier tasks and no tool journal."""
 
 
 # How long cancel and shutdown wait for a turn to publish its terminal state.
@@ -498,7 +504,11 @@ class RoleExecutor(AgentExecutor):
     async def _open(self, context: RequestContext, task: Task) -> Conversation:
         """A new conversation, or one rebuilt from the context's stored tasks."""
         current = context.message.message_id if context.message else ""
-        earlier = await self._earlier_tasks(task, context.call_context)
+        call = context.call_context
+        # The handler found the context without a task: nothing to rebuild,
+        # and no call to recover (a task is stored before its tools run).
+        new = call is not None and call.state.get(NEW_CONTEXT) == task.context_id
+        earlier = [] if new else await self._earlier_tasks(task, call)
         tasks = [*earlier, task]
         per_task = [history_entries(t, exclude=current) for t in tasks]
         # The context's first message carries the child's configuration.
@@ -515,7 +525,7 @@ class RoleExecutor(AgentExecutor):
         if journal is not None:
             # Every call that started without a stored result, also one
             # whose row was closed before its result frame was saved.
-            started = await journal.started_calls(task.context_id)
+            started = [] if new else await journal.started_calls(task.context_id)
             calls = unanswered(started, (e for entries in per_task for e in entries))
             interrupted = {row.call_id for row in calls}
             _restore_lost_calls(per_task, calls)

@@ -71,7 +71,7 @@ from a2a.types import (
 from .conversations import CONTROL_ACTIONS
 from .decoding import TURN_ENDING_STATES
 from .errors import ConfigError, ControlError
-from .executor import RoleExecutor
+from .executor import NEW_CONTEXT, RoleExecutor
 from .quotas import Quotas
 from .selectors import Selector
 from .taskstore import context_owners
@@ -105,17 +105,25 @@ class RoleRequestHandler(DefaultRequestHandler):
             return contextlib.nullcontext()
         return self.quotas.admitted(context)
 
-    async def _check_context(self, params: SendMessageRequest, context: ServerCallContext) -> None:
-        """Refuse to open a task in a context another caller's tasks are in."""
+    async def _check_context(self, params: SendMessageRequest, context: ServerCallContext) -> bool:
+        """Refuse to open a task in a context another caller's tasks are in;
+        True when the store tells the context has no task at all (then the
+        executor need not look for its earlier tasks: `NEW_CONTEXT`)."""
         message = params.message
         if message.task_id or not message.context_id:
-            return
+            return False
         owners = await context_owners(self.task_store, message.context_id)
+        if owners is None:
+            return False
         if owners - {resolve_user_scope(context)}:
             raise InvalidParamsError(
                 message=f"context {message.context_id} cannot be used by this caller; "
                 "open the task in a new context id"
             )
+        if owners:
+            return False
+        context.state[NEW_CONTEXT] = message.context_id
+        return True
 
     @contextlib.asynccontextmanager
     async def _one_at_a_time(self, params: SendMessageRequest) -> AsyncIterator[bool]:
@@ -236,10 +244,10 @@ class RoleRequestHandler(DefaultRequestHandler):
             return controlled
         self._check_config(params)
         await self._fill_context_id(params, context)
-        await self._check_context(params, context)
         await self._check_not_elsewhere(params)
         async with self._one_at_a_time(params) as opening:
-            repeated = await self._repeated(params, context) if opening else None
+            new = await self._check_context(params, context)
+            repeated = await self._repeated(params, context) if opening and not new else None
             if repeated is not None:
                 return repeated
             async with self._admitted(context):
@@ -254,11 +262,11 @@ class RoleRequestHandler(DefaultRequestHandler):
             return
         self._check_config(params)
         await self._fill_context_id(params, context)
-        await self._check_context(params, context)
         await self._check_not_elsewhere(params)
         events: AsyncGenerator[Any, None] | None = None
         async with self._one_at_a_time(params) as opening:
-            repeated = await self._repeated(params, context) if opening else None
+            new = await self._check_context(params, context)
+            repeated = await self._repeated(params, context) if opening and not new else None
             if repeated is None:
                 # Admitted until its task is saved running, which the first
                 # event follows (the quotas count the task from then on).

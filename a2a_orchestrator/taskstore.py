@@ -501,9 +501,10 @@ class ObservedTaskStore(TaskStore):
         await self.inner.delete(task_id, context)
 
 
-async def context_owners(store: object, context_id: str) -> set[str]:
-    """The owners of the tasks in `context_id` (any owner's), for the stores
-    that can tell (ours, a2a-sdk's SQL store); other stores tell nothing."""
+async def context_owners(store: object, context_id: str) -> set[str] | None:
+    """The owners of the tasks in `context_id` (any owner's; empty: the
+    context has no task), for the stores that can tell (ours, a2a-sdk's SQL
+    store); None for other stores."""
     while isinstance(store, ObservedTaskStore):  # quotas and metrics each wrap it
         store = store.inner
     if isinstance(store, SQLiteTaskStore):
@@ -517,4 +518,4 @@ async def context_owners(store: object, context_id: str) -> set[str]:
                 select(model.owner).where(model.context_id == context_id).distinct()
             )
             return {str(owner) for owner in result.scalars()}
-    return set()
+    return None
