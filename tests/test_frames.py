@@ -39,6 +39,7 @@ from test_at_most_once import _wait_for_text
 from test_delegation import session_for
 from test_recovery import start_role_server
 
+from a2a_orchestrator.budgets import Spend
 from a2a_orchestrator.decoding import StreamDecoder, events_of, history_entries, reported_usage
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.events import (
@@ -46,6 +47,7 @@ from a2a_orchestrator.events import (
     ChildEvent,
     Done,
     Failed,
+    InputRequired,
     MessageDelta,
     ToolCalled,
     ToolResult,
@@ -288,6 +290,63 @@ async def test_batches_are_bounded_and_never_wait_for_more_events() -> None:
     assert not write_at_once(Task(id="t1", status=deltas[0].status))  # deltas only
     assert frames[2].status.state == TaskState.TASK_STATE_COMPLETED
     assert frames[2].status.message.metadata[EVENT_KEY] == "done"
+
+
+SPENT = Spend(input_tokens=30, output_tokens=4, model_calls=2, seconds=1.5, cost=0.25)
+
+
+@pytest.mark.parametrize(
+    ("ending", "state"),
+    [
+        (
+            Failed(
+                reason="budget",
+                message="out of tokens",
+                usage=Usage(input_tokens=30, output_tokens=4),
+                spent=SPENT,
+            ),
+            TaskState.TASK_STATE_FAILED,
+        ),
+        (Failed(reason="aborted", message="stopped"), TaskState.TASK_STATE_CANCELED),
+        (InputRequired(question="which file?", spent=SPENT), TaskState.TASK_STATE_INPUT_REQUIRED),
+    ],
+)
+async def test_every_turn_ending_event_ends_its_batch_and_reads_back_whole(
+    ending: ChildEvent, state: TaskState
+) -> None:
+    """Failed (canceled when aborted) and InputRequired end the batch they
+    follow as Done does: one update in the event's state, read back (from the
+    stream, from the stored task, by the quotas) as the same events, the
+    reason, usage and spend included."""
+    queue = EventQueueLegacy()
+    updater = TaskUpdater(queue, "t1", "c1")
+    batcher = FrameBatcher(updater)
+    events: list[ChildEvent] = [
+        ToolCalled(call_id="c", tool="t", arguments={"n": 1}),
+        ToolResult(call_id="c", tool="t", output="ok", success=True),
+        ending,
+    ]
+    frames: list[Any] = []
+    with anyio.fail_after(10):
+        async with batcher.flushing():
+            for event in events:
+                await batcher.publish(event)
+            with anyio.move_on_after(0.05):
+                while True:
+                    frames.append(await queue.dequeue_event())
+    (update,) = frames  # no artifact: only a done has a result
+    assert update.status.state == state
+    message = update.status.message
+    assert message.metadata[EVENT_KEY] == BATCH_KIND
+    decoder = StreamDecoder()
+    streamed = decoder.decode(StreamResponse(status_update=update))
+    stored = history_entries(Task(id="t1", context_id="c1", status=update.status))
+    for read in (streamed[1:], stored):  # the stream's first event: the start it never saw
+        assert read == events
+        assert read[-1].spent == getattr(ending, "spent", None)
+    assert decoder.finished_turn
+    usage = getattr(ending, "usage", Usage())
+    assert reported_usage(message) == usage
 
 
 # -- pause rules ---------------------------------------------------------------------

@@ -334,6 +334,7 @@ class RemoteDelegate:
         return RemoteRun(*args, **kwargs)
 
     async def aclose(self) -> None:
+        self._clients.clear()  # each is bound to a pool closed here
         await self.grpc.aclose()
         if self._own_http:
             pools = [pool for each in self._pools.values() for pool in each]
