@@ -72,13 +72,15 @@ def _data(message: Message) -> dict[str, Any]:
 
 
 def reported_usage(message: Message) -> Usage:
-    """The usage a turn's last status message reports: its done's or
-    failed's, alone or ending a batch (`frames.py`); 0 for what is missing.
-    Raises `ValueError` for a Struct JSON cannot hold."""
+    """The tokens a turn's last status message reports: its done's or
+    failed's usage, an input-required's spend (it carries no usage), alone
+    or ending a batch (`frames.py`); 0 for what is missing. Raises
+    `ValueError` for a Struct JSON cannot hold."""
     if _kind(message) == BATCH_KIND and _ends_turn(message):
-        metadata = message.parts[-1].metadata
-        return _usage(from_wire(plain(MessageToDict(metadata))).get("usage"))
-    return _usage(metadata_of(message).get("usage"))
+        meta = from_wire(plain(MessageToDict(message.parts[-1].metadata)))
+    else:
+        meta = metadata_of(message)
+    return _usage(meta["usage"] if "usage" in meta else meta.get("spent"))
 
 
 def _usage(raw: Any) -> Usage:

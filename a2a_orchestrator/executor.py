@@ -342,11 +342,8 @@ class RoleExecutor(AgentExecutor):
 
         # The caller reads batched frames (`frames.py`): only then are they sent.
         requested = context.requested_extensions
-        frames = None
-        if BATCH_EXTENSION in requested:
-            frames = FrameBatcher(updater)
-        elif BATCH_EXTENSION_V1 in requested:
-            frames = FrameBatcher(updater, fold_ending=False)
+        batching = next((u for u in (BATCH_EXTENSION, BATCH_EXTENSION_V1) if u in requested), None)
+        frames = FrameBatcher(updater, extension=batching) if batching else None
 
         async def emit(event: ChildEvent) -> None:
             nonlocal opening

@@ -27,8 +27,10 @@ Contract:
   ends without yielding (most turns' last step) so costs the caller no frame
   for its last batch: each frame costs a2a-sdk about 0.6 ms at both ends.
   With nothing queued, the event goes out alone as without batches. A
-  caller of the extension's v1 (`wire.BATCH_EXTENSION_V1`, `fold_ending`
-  off) gets every turn-ending event alone, as v1 promised.
+  caller of the extension's v1 (`wire.BATCH_EXTENSION_V1`) gets every
+  turn-ending event alone, as v1 promised, and each batch names the
+  version its caller activated. The bounds hold for the end too: a batch
+  with no room left for it goes out first, the end alone after it.
 - Other state changes alone: Started first sends what is queued, then goes
   out alone; a new task's Started goes in the task's own first frame
   instead (`executor.py`).
@@ -55,6 +57,7 @@ from .wire import (
     EVENT_KEY,
     end_turn,
     publish,
+    send_ending,
     to_wire,
     working_part,
 )
@@ -81,10 +84,12 @@ class FrameBatcher:
         *,
         max_events: int = MAX_EVENTS,
         max_bytes: int = MAX_BYTES,
-        fold_ending: bool = True,
+        extension: str = BATCH_EXTENSION,
     ) -> None:
         self._updater = updater
-        self._fold_ending = fold_ending
+        self._extension = extension
+        """The version of the batch extension the caller activated, named in each batch."""
+        self._fold_ending = extension == BATCH_EXTENSION
         """Whether a turn-ending event may end a batch (v2; see the module docstring)."""
         self._max_events = max_events
         self._max_bytes = max_bytes
@@ -107,7 +112,7 @@ class FrameBatcher:
                 if self._pending and self._fold_ending:
                     ending = await end_turn(self._updater, event)
                     if ending is not None:
-                        await self._send_pending(ending=(event, *ending))
+                        await self._end_batch(event, *ending)
                         return
                 await self._send_pending()
                 await publish(self._updater, event)
@@ -132,29 +137,41 @@ class FrameBatcher:
         async with self._sending:
             await self._send_pending()
 
-    async def _send_pending(
-        self, ending: tuple[ChildEvent, TaskState, Part, dict[str, Any]] | None = None
+    async def _end_batch(
+        self, event: ChildEvent, state: TaskState, part: Part, meta: dict[str, Any]
     ) -> None:
+        """Send what is queued with `event`, the turn's end (`end_turn`'s
+        `state`, `part` and `meta`), as its last part; when the batch's bytes
+        leave no room for it, the batch and then the event alone."""
+        last = Part()
+        last.CopyFrom(part)
+        last.metadata.update(to_wire(meta))
+        # Room by count there always is: a batch goes out on reaching
+        # `max_events`, so fewer are ever queued here.
+        if self._bytes + last.ByteSize() > self._max_bytes:
+            await self._send_pending()
+            await send_ending(self._updater, event, (state, part, meta))
+            return
+        self._pending.append((event, last))
+        await self._send_pending(state)
+
+    async def _send_pending(self, state: TaskState = TaskState.TASK_STATE_WORKING) -> None:
+        """Send what is queued: one event as its own frame, more as a batch
+        in `state` (WORKING, or the state of the turn's end it closes with)."""
         # Taken before the first await: events queued while this sends
         # belong to the next frame.
         pending, self._pending, self._bytes = self._pending, [], 0
         if not pending:
             return
-        if len(pending) == 1 and ending is None:
+        if len(pending) == 1:
             await publish(self._updater, pending[0][0])
             return
         parts = []
         for event, part in pending:
             part.metadata.update({EVENT_KEY: event.kind, EVENT_ID_KEY: event.uuid})
             parts.append(part)
-        state = TaskState.TASK_STATE_WORKING
-        if ending is not None:
-            event, state, part, meta = ending
-            part.metadata.update(to_wire(meta))
-            part.metadata.update({EVENT_KEY: event.kind, EVENT_ID_KEY: event.uuid})
-            parts.append(part)
         message = self._updater.new_agent_message(parts, metadata={EVENT_KEY: BATCH_KIND})
-        message.extensions.append(BATCH_EXTENSION)
+        message.extensions.append(self._extension)
         await self._updater.update_status(state, message)
 
     def _check(self) -> None:

@@ -101,6 +101,7 @@ __all__ = [
     "pause_rules_to_wire",
     "plain",
     "publish",
+    "send_ending",
     "started_message",
     "struct_string",
     "to_wire",
@@ -280,8 +281,15 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
         return
     ending = await end_turn(updater, event)
     if ending is not None:
-        state, part, meta = ending
-        await _status(updater, state, [part], {EVENT_KEY: event.kind, **meta}, event.uuid)
+        await send_ending(updater, event, ending)
+
+
+async def send_ending(
+    updater: TaskUpdater, event: ChildEvent, ending: tuple[TaskState, Part, dict[str, Any]]
+) -> None:
+    """A turn-ending event's status update of its own (`ending`: `end_turn`'s answer)."""
+    state, part, meta = ending
+    await _status(updater, state, [part], {EVENT_KEY: event.kind, **meta}, event.uuid)
 
 
 async def end_turn(

@@ -27,6 +27,7 @@ from a2a.types import (
     AgentCard,
     AgentExtension,
     GetTaskRequest,
+    ListTasksRequest,
     Message,
     Role,
     SendMessageRequest,
@@ -39,6 +40,7 @@ from test_at_most_once import _wait_for_text
 from test_delegation import session_for
 from test_recovery import start_role_server
 
+from a2a_orchestrator import server as server_module
 from a2a_orchestrator.budgets import Spend
 from a2a_orchestrator.decoding import StreamDecoder, events_of, history_entries, reported_usage
 from a2a_orchestrator.delegation import ChildConfig
@@ -196,7 +198,7 @@ async def test_a_busy_child_reaches_the_orchestrator_as_the_local_events_in_few_
     batches = [m for m in messages if m.metadata[EVENT_KEY] == BATCH_KIND]
     assert [len(m.parts) for m in batches] == [200, 2]
     for message in batches:
-        assert list(message.extensions) == [BATCH_EXTENSION]
+        assert list(message.extensions) == [BATCH_EXTENSION_V1]
         for part in message.parts:
             assert set(part.metadata.keys()) == {EVENT_KEY, EVENT_ID_KEY}
     assert [m.metadata[EVENT_KEY] for m in messages if m not in batches] == ["done"]
@@ -271,7 +273,7 @@ async def test_batches_are_bounded_and_never_wait_for_more_events() -> None:
     # A v1 caller's batcher: the Done flushes the batch, then goes alone.
     queue = EventQueueLegacy()
     updater = TaskUpdater(queue, "t1", "c1")
-    batcher = FrameBatcher(updater, fold_ending=False)
+    batcher = FrameBatcher(updater, extension=BATCH_EXTENSION_V1)
     with anyio.fail_after(10):
         async with batcher.flushing():
             await batcher.publish(ToolCalled(call_id="c", tool="t"))
@@ -290,6 +292,45 @@ async def test_batches_are_bounded_and_never_wait_for_more_events() -> None:
     assert not write_at_once(Task(id="t1", status=deltas[0].status))  # deltas only
     assert frames[2].status.state == TaskState.TASK_STATE_COMPLETED
     assert frames[2].status.message.metadata[EVENT_KEY] == "done"
+
+
+async def test_a_turns_end_that_would_overflow_its_batch_goes_alone_after_it() -> None:
+    """The byte bound holds for the turn's end too: with no room left in the
+    batch, the batch goes first and the end alone, as without the fold; the
+    same events either way. (By count there is always room: a batch goes
+    out on reaching its bound.)"""
+    for text in ("x" * 1_500, "y" * 1_000):
+        queue = EventQueueLegacy()
+        updater = TaskUpdater(queue, "t1", "c1")
+        batcher = FrameBatcher(updater, max_bytes=2_000)
+        done = Done(text=text)
+        events: list[ChildEvent] = [
+            MessageDelta(text="a" * 400),
+            MessageDelta(text="b" * 400),
+            done,
+        ]
+        frames: list[Any] = []
+        with anyio.fail_after(10):
+            async with batcher.flushing():
+                for event in events:
+                    await batcher.publish(event)
+                with anyio.move_on_after(0.05):
+                    while True:
+                        frames.append(await queue.dequeue_event())
+        assert [type(f).__name__ for f in frames] == [
+            "TaskArtifactUpdateEvent",
+            "TaskStatusUpdateEvent",
+            "TaskStatusUpdateEvent",
+        ], len(text)
+        first, last = frames[1].status, frames[2].status
+        assert first.message.metadata[EVENT_KEY] == BATCH_KIND
+        assert first.state == TaskState.TASK_STATE_WORKING
+        assert last.state == TaskState.TASK_STATE_COMPLETED
+        assert last.message.metadata[EVENT_KEY] == "done"
+        assert not last.message.parts[0].HasField("metadata")
+        decoder = StreamDecoder()
+        read = [e for f in frames[1:] for e in decoder.decode(StreamResponse(status_update=f))]
+        assert read == events
 
 
 SPENT = Spend(input_tokens=30, output_tokens=4, model_calls=2, seconds=1.5, cost=0.25)
@@ -345,7 +386,14 @@ async def test_every_turn_ending_event_ends_its_batch_and_reads_back_whole(
         assert read == events
         assert read[-1].spent == getattr(ending, "spent", None)
     assert decoder.finished_turn
-    usage = getattr(ending, "usage", Usage())
+    # The tokens the turn used: a done's or failed's usage, an input
+    # required's spend (it carries no usage).
+    spent = ending.spent if isinstance(ending, InputRequired) else None
+    usage = (
+        Usage(input_tokens=spent.input_tokens, output_tokens=spent.output_tokens)
+        if spent is not None
+        else getattr(ending, "usage", Usage())
+    )
     assert reported_usage(message) == usage
 
 
@@ -513,6 +561,36 @@ async def test_histories_written_either_way_read_back_alike(tmp_path: Path) -> N
     early = [e for r in first_frames for e in decoder.decode(r)]
     assert len(early) > 1
     assert early + decoder.decode_task(new) == batched_events
+
+
+async def test_an_orchestrator_reads_a_role_server_that_offers_batch_v1_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A role server of an earlier version declares the batch extension's v1
+    only: the orchestrator asks for v1 and gets the local child's events,
+    its turn's end alone. (The card's v2 entry is swapped for an extension
+    no reader knows, so this server stands for such an older one.)"""
+    older = AgentExtension(uri="https://example.com/extensions/not-batch-v2")
+    monkeypatch.setattr(server_module, "BATCH_CARD_EXTENSION", older)
+    script = busy(5)
+    with anyio.fail_after(60):
+        relayed: dict[str, list[ChildEvent]] = {}
+        for transport in ("local", "remote"):
+            work = tmp_path / transport
+            work.mkdir()
+            async with session_for(transport, work, script) as session:
+                handle = await session.spawn(ChildConfig(role="coder", prompt="go"))
+                relayed[transport] = [event async for event in handle.events()]
+                if transport == "remote":
+                    url = session.network.agents["coder"].url or ""
+                    async with a2a_client(url) as client:
+                        listing = await client.list_tasks(ListTasksRequest())
+    assert relayed["remote"] == relayed["local"]
+    (task,) = listing.tasks
+    batches = [m for m in task.history if kind_of(m) == BATCH_KIND]
+    assert batches and all(list(m.extensions) == [BATCH_EXTENSION_V1] for m in batches)
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert kind_of(task.status.message) == "done"
 
 
 def test_the_orchestrator_asks_for_the_newest_batch_version_a_card_declares() -> None:

@@ -48,7 +48,7 @@ from a2a_orchestrator.cli import build_parser
 from a2a_orchestrator.commands.serve import access_of
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import ConfigError
-from a2a_orchestrator.events import Done, Failed
+from a2a_orchestrator.events import Done, Failed, InputRequired
 from a2a_orchestrator.issuer import Issuer
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
@@ -72,6 +72,10 @@ def script(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     last = next(m for m in reversed(messages) if m["role"] == "user")
     if "slow" in str(last["content"]):
         return {"text": "still working", "delay": 60}
+    if "ask" in str(last["content"]):
+        # The turn ends waiting for its caller's answer: input required.
+        question = {"name": "ask_parent", "arguments": {"question": "which one?"}}
+        return {"tool_calls": [question], "usage": USAGE}
     return {"text": "ok", "usage": USAGE}
 
 
@@ -730,12 +734,14 @@ async def test_orchestrator_sessions_belong_to_their_caller(tmp_path: Path) -> N
     assert joined["error"]["code"] == -32602
 
 
+@pytest.mark.parametrize("prompts", [("quick", "quick"), ("ask", "quick")])
 async def test_an_orchestrators_turns_count_against_its_quota_though_they_end_in_a_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prompts: tuple[str, str]
 ) -> None:
     """The orchestrator reads batched frames (the batch extension's v2), so
     its child's answer and the turn's end come in one status update, with
-    the usage in that update's last part: the quota still counts it."""
+    the usage (an input-required turn: its spend) in that update's last
+    part: the quota still counts it."""
     path = tmp_path / "callers.toml"
     token = new_token()
     path.write_text(f'[callers.carol]\ntoken_hash = "{hash_token(token)}"\ntokens_per_day = 10\n')
@@ -750,8 +756,8 @@ async def test_an_orchestrators_turns_count_against_its_quota_though_they_end_in
             try:
                 async with Session(store, workdir=tmp_path, network=network) as session:
                     results = []
-                    for _ in range(2):
-                        handle = await session.spawn(ChildConfig(role="coder", prompt="quick"))
+                    for prompt in prompts:
+                        handle = await session.spawn(ChildConfig(role="coder", prompt=prompt))
                         results.append(await handle.result())
             finally:
                 store.close()
@@ -761,17 +767,26 @@ async def test_an_orchestrators_turns_count_against_its_quota_though_they_end_in
         rows = {row.owner: row for row in await usage.rows(day=today())}
         usage.close()
     first, second = results
-    assert isinstance(first, Done) and first.text == "ok"
     assert isinstance(second, Failed) and "tokens_per_day is 10" in second.message
-    # The first turn ended in a batch: its answer, then the done with its usage.
+    assert (rows["carol"].tasks, rows["carol"].refused, rows["carol"].tokens) == (1, 1, 25)
     (task,) = listing["result"]["tasks"]
     status = task["status"]
+    if prompts[0] == "ask":
+        # An input-required turn reports its spend (it has no usage): counted all the same.
+        assert isinstance(first, InputRequired) and first.question == "which one?"
+        assert status["state"] == "TASK_STATE_INPUT_REQUIRED"
+        assert status["message"]["metadata"][EVENT_KEY] == BATCH_KIND
+        ending = status["message"]["parts"][-1]
+        assert ending["metadata"][EVENT_KEY] == "input_required"
+        assert ending["metadata"]["spent"]["inputTokens"] == 20
+        return
+    assert isinstance(first, Done) and first.text == "ok"
+    # The first turn ended in a batch: its answer, then the done with its usage.
     assert status["state"] == "TASK_STATE_COMPLETED"
     assert status["message"]["metadata"][EVENT_KEY] == BATCH_KIND
     ending = status["message"]["parts"][-1]
     assert ending["metadata"][EVENT_KEY] == "done"
     assert ending["metadata"]["usage"] == {"inputTokens": 20, "outputTokens": 5}
-    assert (rows["carol"].tasks, rows["carol"].refused, rows["carol"].tokens) == (1, 1, 25)
 
 
 # -- the orchestrator as a client: OAuth2 client credentials ----------------------------

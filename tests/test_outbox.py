@@ -249,19 +249,28 @@ async def test_a_quick_turn_costs_three_commits_spawn_included(tmp_path: Path) -
 async def test_a_call_whose_events_a_kill_9_lost_is_told_interrupted_never_run_again(
     tmp_path: Path, moment: str, lost: list[str], runs: tuple[str, ...]
 ) -> None:
-    store_path = tmp_path / "o.db"
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    crash = [sys.executable, str(HERE / "crash_tool.py"), str(store_path), "s1", str(workdir)]
-    with anyio.fail_after(60):
-        crashed = await anyio.run_process([*crash, moment], check=False)
-    assert crashed.returncode == -9, crashed.stderr.decode()
-    conn = sqlite3.connect(store_path)
-    try:
-        stored = [kind for (kind,) in conn.execute("SELECT kind FROM events ORDER BY seq")]
-    finally:
-        conn.close()
-    assert not set(lost) & set(stored)  # the crash this test is about
+    # The crash this test is about leaves the child's `lost` events off the
+    # file. Whether they reach it before the journal's commit (the kill's
+    # moment) depends on when the event loop runs the outbox's flush, and a
+    # loaded machine can run it first: such a run is not this crash, and the
+    # crash is made again in a fresh directory (a few times at most).
+    for attempt in range(5):
+        store_path = tmp_path / f"try{attempt}" / "o.db"
+        workdir = tmp_path / f"try{attempt}" / "work"
+        workdir.mkdir(parents=True)
+        crash = [sys.executable, str(HERE / "crash_tool.py"), str(store_path), "s1", str(workdir)]
+        with anyio.fail_after(60):
+            crashed = await anyio.run_process([*crash, moment], check=False)
+        assert crashed.returncode == -9, crashed.stderr.decode()
+        conn = sqlite3.connect(store_path)
+        try:
+            stored = [kind for (kind,) in conn.execute("SELECT kind FROM events ORDER BY seq")]
+        finally:
+            conn.close()
+        if not set(lost) & set(stored):
+            break
+    else:
+        pytest.fail(f"in 5 crashes, events {lost} always reached the file before the kill")
     runs_file = workdir / "runs.txt"
     ran_before = runs_file.read_text() if runs_file.exists() else ""
     assert ran_before in runs
