@@ -25,6 +25,11 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
   SDK->replay  the bare client to a bare server sending the frames the role
                server sent it for one turn (recorded first): what the role
                server's frames cost a2a-sdk, without the role server's work
+  bare gRPC    the bare client to the bare server's executor over gRPC
+               (a2a-sdk's `GrpcHandler`): the floor over that binding
+  remote gRPC  `Session.spawn` of a child on a role server whose card
+               prefers gRPC (`grpc_port`, as `serve --grpc-port` runs it),
+               then `wait()`: the remote delegation over gRPC
 
 All in this process and one run, so CPU time (process time, which counts the
 servers' and the stores' threads too) covers both ends of every variant alike.
@@ -47,12 +52,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import grpc.aio
 import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers import new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
-from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers import DefaultRequestHandler, GrpcHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import (
@@ -68,7 +74,9 @@ from a2a.types import (
     TaskState,
     TaskStatus,
     TaskStatusUpdateEvent,
+    a2a_pb2_grpc,
 )
+from a2a.utils.constants import TransportProtocol
 from anyio.abc import TaskGroup
 from benchkit import collector_line, machine_line, min_median
 from starlette.applications import Starlette
@@ -189,6 +197,45 @@ def bare_app(url: str, working: int = 0, executor: AgentExecutor | None = None) 
     return Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
 
 
+@contextlib.asynccontextmanager
+async def bare_grpc() -> AsyncIterator[Call]:
+    """A call of the bare client to the bare server's executor over gRPC, on
+    a free loopback port (the server stops on leaving)."""
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    card = bare_card(f"http://127.0.0.1:{port}")
+    del card.supported_interfaces[:]
+    card.supported_interfaces.append(
+        AgentInterface(
+            url=f"127.0.0.1:{port}",
+            protocol_binding=TransportProtocol.GRPC,
+            protocol_version="1.0",
+        )
+    )
+    handler = DefaultRequestHandler(
+        agent_executor=InstantExecutor(), task_store=InMemoryTaskStore(), agent_card=card
+    )
+    a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(handler), server)
+    await server.start()
+    config = ClientConfig(
+        streaming=True,
+        supported_protocol_bindings=[TransportProtocol.GRPC],
+        grpc_channel_factory=grpc.aio.insecure_channel,
+    )
+    client = ClientFactory(config).create(card)
+
+    async def call() -> None:
+        request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
+        async for _ in client.send_message(request):
+            pass
+
+    try:
+        yield call
+    finally:
+        await client.close()
+        await server.stop(None)
+
+
 async def timed(count: int, call: Call, wall: list[float], cpu: list[float]) -> None:
     for _ in range(count):
         started, used = time.perf_counter(), time.process_time()
@@ -237,9 +284,13 @@ async def main(rounds: int, n: int) -> None:
             async for _ in model.stream([{"role": "user", "content": "hi"}], []):
                 pass
 
-        async with run_role_server(
-            find_role("coder"), model, work, db=str(work / "role.db")
-        ) as server:
+        async with (
+            run_role_server(find_role("coder"), model, work, db=str(work / "role.db")) as server,
+            run_role_server(
+                find_role("coder"), model, work, db=str(work / "grpc.db"), grpc_port=0
+            ) as grpc_server,
+            bare_grpc() as bare_grpc_call,
+        ):
             # The frames the bare client gets from the role server, for the replay.
             role_card = await A2ACardResolver(http, server.url).get_agent_card()
             role_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
@@ -252,6 +303,7 @@ async def main(rounds: int, n: int) -> None:
                 AgentSpec(name="local", role="coder"),
                 # Any A2A agent can be a child: the bare server too.
                 AgentSpec(name="bare", role="coder", url=bare_url),
+                AgentSpec(name="remote-grpc", role="coder", url=grpc_server.url),
             )
             async with Session(
                 Store(work / "o.db"), workdir=work, network=network, models=lambda name: model
@@ -274,6 +326,8 @@ async def main(rounds: int, n: int) -> None:
                     "SDK->app": await sdk_call(http, app_url),
                     FRAMED: await sdk_call(http, framed_url),
                     "SDK->replay": await sdk_call(http, replay_url),
+                    "bare gRPC": bare_grpc_call,
+                    "remote gRPC": delegate("remote-grpc"),
                 }
                 for call in variants.values():  # warm up connections and caches
                     for _ in range(min(10, n)):
@@ -337,6 +391,11 @@ async def main(rounds: int, n: int) -> None:
     print(
         f"a frame costs a2a-sdk, both ends (cpu medians, ({FRAMED} - bare SDK) / {EXTRA_FRAMES}):"
         f" {frame * 1000:.2f} ms"
+    )
+    print(
+        "over gRPC, remote / bare gRPC (cpu medians):"
+        f" {median_of(cpu, 'remote gRPC') / median_of(cpu, 'bare gRPC'):.2f}x;"
+        f" remote gRPC / bare SDK (JSON-RPC): {median_of(cpu, 'remote gRPC') / floor_cpu:.2f}x"
     )
     print(
         "local child overhead, local - in-process (goal <= 1 ms):"

@@ -26,6 +26,8 @@ FIGURES = {
         r"SDK->replay\s+[\d.]+ ms",
         r"by the role server -?[\d.]+ ms \(its frames -?[\d.]+ ms, its app and task store",
         r"a frame costs a2a-sdk, both ends .*: -?[\d.]+ ms",
+        r"bare gRPC\s+[\d.]+ ms",
+        r"over gRPC, remote / bare gRPC \(cpu medians\): [\d.]+x; remote gRPC / bare SDK",
         r"local child overhead.*: wall -?[\d.]+ ms",
     ],
     "fanout.py": [
