@@ -77,7 +77,7 @@ def reported_usage(message: Message) -> Usage:
     or ending a batch (`frames.py`); 0 for what is missing. Raises
     `ValueError` for a Struct JSON cannot hold."""
     if _kind(message) == BATCH_KIND and _ends_turn(message):
-        meta = from_wire(plain(MessageToDict(message.parts[-1].metadata)))
+        meta = _part_meta(message.parts[-1])
     else:
         meta = metadata_of(message)
     return _usage(meta["usage"] if "usage" in meta else meta.get("spent"))
@@ -105,10 +105,16 @@ def _decode_part(part: Part) -> ChildEvent | None:
     uuid = struct_string(fields.get(EVENT_ID_KEY)) or new_uuid()
     # A WORKING event's part says all; the event that ends a batch's turn
     # (`frames.py`) reads its usage, spend and reason as a message's.
-    meta = {} if kind in _WORKING_KINDS else from_wire(plain(MessageToDict(part.metadata)))
+    meta = {} if kind in _WORKING_KINDS else _part_meta(part)
     text = part.text if part.HasField("text") else ""
     data: Any = from_wire(_python(part.data)) if part.HasField("data") else {}
     return _event(kind, uuid, meta, text, data if isinstance(data, dict) else {})
+
+
+def _part_meta(part: Part) -> dict[str, Any]:
+    """A batch part's metadata as our own data, read as a message's."""
+    meta = from_wire(plain(MessageToDict(part.metadata)))
+    return meta if isinstance(meta, dict) else {}
 
 
 def _kind(message: Message) -> str:

@@ -77,8 +77,7 @@ from .taskstore import ObservedTaskStore
 from .tools import Sandbox, Workspace
 from .transcript import rebuild_transcript
 from .wire import (
-    BATCH_EXTENSION,
-    BATCH_EXTENSION_V1,
+    BATCH_VERSIONS,
     CONFIG_KEY,
     PAUSE_ON_KEY,
     metadata_of,
@@ -342,7 +341,7 @@ class RoleExecutor(AgentExecutor):
 
         # The caller reads batched frames (`frames.py`): only then are they sent.
         requested = context.requested_extensions
-        batching = next((u for u in (BATCH_EXTENSION, BATCH_EXTENSION_V1) if u in requested), None)
+        batching = next((uri for uri in BATCH_VERSIONS if uri in requested), None)
         frames = FrameBatcher(updater, extension=batching) if batching else None
 
         async def emit(event: ChildEvent) -> None:

@@ -88,9 +88,8 @@ class FrameBatcher:
     ) -> None:
         self._updater = updater
         self._extension = extension
-        """The version of the batch extension the caller activated, named in each batch."""
-        self._fold_ending = extension == BATCH_EXTENSION
-        """Whether a turn-ending event may end a batch (v2; see the module docstring)."""
+        """The version of the batch extension the caller activated, named in
+        each batch; under v2 a turn-ending event may end a batch."""
         self._max_events = max_events
         self._max_bytes = max_bytes
         self._pending: list[tuple[ChildEvent, Part]] = []
@@ -109,7 +108,7 @@ class FrameBatcher:
         part = working_part(event)
         if part is None:
             async with self._sending:
-                if self._pending and self._fold_ending:
+                if self._pending and self._extension == BATCH_EXTENSION:
                     ending = await end_turn(self._updater, event)
                     if ending is not None:
                         await self._end_batch(event, *ending)

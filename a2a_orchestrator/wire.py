@@ -83,6 +83,7 @@ __all__ = [
     "BATCH_EXTENSION",
     "BATCH_EXTENSION_V1",
     "BATCH_KIND",
+    "BATCH_VERSIONS",
     "CONFIG_KEY",
     "CONTROL_EXTENSION",
     "CONTROL_KEY",
@@ -133,6 +134,8 @@ BATCH_EXTENSION_V1 = "https://a2a-orchestrator.dev/extensions/batch/v1"
 """The batch extension as callers before v2 read it: WORKING events only,
 each turn-ending event in a status update of its own. Still declared and
 served, so such a caller keeps reading a server of this version."""
+BATCH_VERSIONS = (BATCH_EXTENSION, BATCH_EXTENSION_V1)
+"""The batch extension's versions, newest first (a caller asking for both gets the newest)."""
 BATCH_KIND = "batch"
 """`EVENT_KEY` of a batch's message (older readers skip a kind they do not know)."""
 EVENT_ID_KEY = "a2aOrchestrator.eventId"

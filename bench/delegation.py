@@ -82,6 +82,7 @@ from benchkit import collector_line, machine_line, min_median
 from starlette.applications import Starlette
 
 from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.grpc_serving import add_grpc_interfaces
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.roles import find_role
@@ -204,14 +205,8 @@ async def bare_grpc() -> AsyncIterator[Call]:
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")
     card = bare_card(f"http://127.0.0.1:{port}")
-    del card.supported_interfaces[:]
-    card.supported_interfaces.append(
-        AgentInterface(
-            url=f"127.0.0.1:{port}",
-            protocol_binding=TransportProtocol.GRPC,
-            protocol_version="1.0",
-        )
-    )
+    # Listed first, as a role server's card lists it (the client speaks only gRPC).
+    add_grpc_interfaces(card, f"127.0.0.1:{port}")
     handler = DefaultRequestHandler(
         agent_executor=InstantExecutor(), task_store=InMemoryTaskStore(), agent_card=card
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,40 @@ def kinds(events: list[ChildEvent]) -> list[str]:
     return [e.kind for e in events]
 
 
+async def relayed_both_ways(
+    tmp_path: Path, script: Any, *, then: Callable[[Session], Awaitable[None]] | None = None
+) -> dict[str, list[ChildEvent]]:
+    """The events a child running `script` relays to its parent, in-process
+    ("local") and on a role server ("remote"); `then(session)` runs in the
+    remote session once its child is done."""
+    relayed: dict[str, list[ChildEvent]] = {}
+    for transport in ("local", "remote"):
+        work = tmp_path / transport
+        work.mkdir()
+        async with session_for(transport, work, script) as session:
+            handle = await session.spawn(ChildConfig(role="coder", prompt="go"))
+            relayed[transport] = [event async for event in handle.events()]
+            if transport == "remote" and then is not None:
+                await then(session)
+    return relayed
+
+
+async def batcher_frames(events: list[ChildEvent], **options: Any) -> list[Any]:
+    """The frames a `FrameBatcher` (made with `options`) puts on a2a-sdk's
+    event queue for `events`, published one after another without yielding."""
+    queue = EventQueueLegacy()
+    batcher = FrameBatcher(TaskUpdater(queue, "t1", "c1"), **options)
+    frames: list[Any] = []
+    with anyio.fail_after(10):
+        async with batcher.flushing():
+            for event in events:
+                await batcher.publish(event)
+            with anyio.move_on_after(0.05):
+                while True:
+                    frames.append(await queue.dequeue_event())
+    return frames
+
+
 # -- few frames, the same events ------------------------------------------------------
 
 
@@ -138,13 +173,7 @@ async def test_a_busy_child_reaches_the_orchestrator_as_the_local_events_in_few_
 ) -> None:
     script = busy(100)
     with anyio.fail_after(60):
-        relayed: dict[str, list[ChildEvent]] = {}
-        for transport in ("local", "remote"):
-            work = tmp_path / transport
-            work.mkdir()
-            async with session_for(transport, work, script) as session:
-                handle = await session.spawn(ChildConfig(role="coder", prompt="go"))
-                relayed[transport] = [event async for event in handle.events()]
+        relayed = await relayed_both_ways(tmp_path, script)
         async with role_server(tmp_path, script) as server, a2a_client(server.url) as client:
             plain, plain_events = await frames_of(client, go(), None)
             batched, batched_events = await frames_of(client, go(), BATCHED)
@@ -271,15 +300,9 @@ async def test_batches_are_bounded_and_never_wait_for_more_events() -> None:
     assert reported_usage(ended.message) == Usage(input_tokens=7, output_tokens=2)
 
     # A v1 caller's batcher: the Done flushes the batch, then goes alone.
-    queue = EventQueueLegacy()
-    updater = TaskUpdater(queue, "t1", "c1")
-    batcher = FrameBatcher(updater, extension=BATCH_EXTENSION_V1)
-    with anyio.fail_after(10):
-        async with batcher.flushing():
-            await batcher.publish(ToolCalled(call_id="c", tool="t"))
-            await batcher.publish(ToolResult(call_id="c", tool="t", output="ok", success=True))
-            await batcher.publish(Done(text="done"))
-            frames = await sent()
+    call = ToolCalled(call_id="c", tool="t")
+    result = ToolResult(call_id="c", tool="t", output="ok", success=True)
+    frames = await batcher_frames([call, result, Done(text="done")], extension=BATCH_EXTENSION_V1)
     assert [type(f).__name__ for f in frames] == [
         "TaskStatusUpdateEvent",
         "TaskArtifactUpdateEvent",
@@ -300,23 +323,12 @@ async def test_a_turns_end_that_would_overflow_its_batch_goes_alone_after_it() -
     same events either way. (By count there is always room: a batch goes
     out on reaching its bound.)"""
     for text in ("x" * 1_500, "y" * 1_000):
-        queue = EventQueueLegacy()
-        updater = TaskUpdater(queue, "t1", "c1")
-        batcher = FrameBatcher(updater, max_bytes=2_000)
-        done = Done(text=text)
         events: list[ChildEvent] = [
             MessageDelta(text="a" * 400),
             MessageDelta(text="b" * 400),
-            done,
+            Done(text=text),
         ]
-        frames: list[Any] = []
-        with anyio.fail_after(10):
-            async with batcher.flushing():
-                for event in events:
-                    await batcher.publish(event)
-                with anyio.move_on_after(0.05):
-                    while True:
-                        frames.append(await queue.dequeue_event())
+        frames = await batcher_frames(events, max_bytes=2_000)
         assert [type(f).__name__ for f in frames] == [
             "TaskArtifactUpdateEvent",
             "TaskStatusUpdateEvent",
@@ -359,23 +371,12 @@ async def test_every_turn_ending_event_ends_its_batch_and_reads_back_whole(
     follow as Done does: one update in the event's state, read back (from the
     stream, from the stored task, by the quotas) as the same events, the
     reason, usage and spend included."""
-    queue = EventQueueLegacy()
-    updater = TaskUpdater(queue, "t1", "c1")
-    batcher = FrameBatcher(updater)
     events: list[ChildEvent] = [
         ToolCalled(call_id="c", tool="t", arguments={"n": 1}),
         ToolResult(call_id="c", tool="t", output="ok", success=True),
         ending,
     ]
-    frames: list[Any] = []
-    with anyio.fail_after(10):
-        async with batcher.flushing():
-            for event in events:
-                await batcher.publish(event)
-            with anyio.move_on_after(0.05):
-                while True:
-                    frames.append(await queue.dequeue_event())
-    (update,) = frames  # no artifact: only a done has a result
+    (update,) = await batcher_frames(events)  # no artifact: only a done has a result
     assert update.status.state == state
     message = update.status.message
     assert message.metadata[EVENT_KEY] == BATCH_KIND
@@ -572,19 +573,15 @@ async def test_an_orchestrator_reads_a_role_server_that_offers_batch_v1_only(
     no reader knows, so this server stands for such an older one.)"""
     older = AgentExtension(uri="https://example.com/extensions/not-batch-v2")
     monkeypatch.setattr(server_module, "BATCH_CARD_EXTENSION", older)
-    script = busy(5)
+    listings = []
+
+    async def list_tasks(session: Session) -> None:
+        async with a2a_client(session.network.agents["coder"].url or "") as client:
+            listings.append(await client.list_tasks(ListTasksRequest()))
+
     with anyio.fail_after(60):
-        relayed: dict[str, list[ChildEvent]] = {}
-        for transport in ("local", "remote"):
-            work = tmp_path / transport
-            work.mkdir()
-            async with session_for(transport, work, script) as session:
-                handle = await session.spawn(ChildConfig(role="coder", prompt="go"))
-                relayed[transport] = [event async for event in handle.events()]
-                if transport == "remote":
-                    url = session.network.agents["coder"].url or ""
-                    async with a2a_client(url) as client:
-                        listing = await client.list_tasks(ListTasksRequest())
+        relayed = await relayed_both_ways(tmp_path, busy(5), then=list_tasks)
+    (listing,) = listings
     assert relayed["remote"] == relayed["local"]
     (task,) = listing.tasks
     batches = [m for m in task.history if kind_of(m) == BATCH_KIND]

@@ -15,11 +15,11 @@ from a2a.client.interceptors import AfterArgs, BeforeArgs, ClientCallInterceptor
 from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
 from a2a.types import AgentCard
 
-from ..wire import BATCH_EXTENSION, BATCH_EXTENSION_V1
+from ..wire import BATCH_VERSIONS
 
 __all__ = ["READ_EXTENSIONS", "ExtensionsInterceptor", "wanted_extensions"]
 
-READ_EXTENSIONS = ((BATCH_EXTENSION, BATCH_EXTENSION_V1),)
+READ_EXTENSIONS = (BATCH_VERSIONS,)
 """Extensions whose frames the remote transport reads (`decoding.events_of`),
 each as its versions, newest first."""
 
