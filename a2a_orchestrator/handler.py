@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -112,6 +113,8 @@ class RoleRequestHandler(DefaultRequestHandler):
         message = params.message
         if message.task_id or not message.context_id:
             return False
+        if context.state.get(NEW_CONTEXT) == message.context_id:
+            return True  # made here for a message that named none
         owners = await context_owners(self.task_store, message.context_id)
         if owners is None:
             return False
@@ -176,6 +179,12 @@ class RoleRequestHandler(DefaultRequestHandler):
             task = await self._stored_task(message.task_id, context)
             if task is not None:
                 message.context_id = task.context_id
+        elif not message.task_id and not message.context_id:
+            # A new context, as the SDK would make one (a UUID): no task can
+            # be in it yet, so neither the owners check nor the executor
+            # reads the store for it (`NEW_CONTEXT`).
+            message.context_id = str(uuid.uuid4())
+            context.state[NEW_CONTEXT] = message.context_id
 
     def _check_config(self, params: SendMessageRequest) -> None:
         message = params.message

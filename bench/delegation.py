@@ -11,20 +11,25 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
   local        `Session.spawn` of an in-process child, then `wait()`
   remote       `Session.spawn` of a child on a role server (`run_role_server`,
                the project's server with its SQLite task store), then `wait()`
-  SDK->role    the bare client streaming to that role server: what the role
-               server adds to the floor
+  SDK->role    the bare client streaming to that role server, asking for
+               the batch extension as the orchestrator does (so it gets the
+               frames a remote child gets): what the role server adds
   Session->SDK `Session.spawn` of a child on the bare server, then `wait()`:
                what the orchestrator's side adds to the floor
   SDK->app     the bare client streaming to the project's server app
                (`build_app`: its middleware, request handler and SQLite task
                store) around the bare server's executor, with its three
-               frames: the app's own cost (what it costs for the role
-               server's extra frames falls in "the rest" below)
+               frames: the app's own cost
   bare +3      the bare server sending three working status updates before
                its result: what a frame costs a2a-sdk at both ends
   SDK->replay  the bare client to a bare server sending the frames the role
-               server sent it for one turn (recorded first): what the role
-               server's frames cost a2a-sdk, without the role server's work
+               server sent `SDK->role` for one turn (recorded first): what
+               the role server's frames cost a2a-sdk, without its work
+  app+replay   the bare client to the project's server app sending those
+               frames: the role server without its executor's own work (no
+               conversation, model call, batching or trace span), but with
+               its middleware, request handler and task store, which save
+               and send those frames
   bare gRPC    the bare client to the bare server's executor over gRPC
                (a2a-sdk's `GrpcHandler`): the floor over that binding
   remote gRPC  `Session.spawn` of a child on a role server whose card
@@ -54,7 +59,8 @@ from pathlib import Path
 import anyio
 import grpc.aio
 import httpx
-from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.client.interceptors import ClientCallInterceptor
 from a2a.helpers import new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
@@ -90,11 +96,13 @@ from a2a_orchestrator.server import build_app, open_task_store, run_role_server
 from a2a_orchestrator.serving import bind_socket, serve
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
+from a2a_orchestrator.transports.extensions import ExtensionsInterceptor, wanted_extensions
 
 Call = Callable[[], Awaitable[None]]
 
 EXTRA_FRAMES = 3
 FRAMED = f"bare +{EXTRA_FRAMES}"
+APP_REPLAY = "app+replay"
 
 
 class InstantExecutor(AgentExecutor):
@@ -124,8 +132,9 @@ class InstantExecutor(AgentExecutor):
         return None
 
 
-class ServedInstantExecutor(InstantExecutor):
-    """The instant executor as `build_app` serves executors."""
+class Served:
+    """An executor as `build_app` serves executors (it shuts down and runs
+    alongside the server)."""
 
     async def shutdown(self) -> None:
         return None
@@ -133,6 +142,10 @@ class ServedInstantExecutor(InstantExecutor):
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         yield
+
+
+class ServedInstantExecutor(Served, InstantExecutor):
+    """The instant executor as `build_app` serves executors."""
 
 
 class ReplayExecutor(InstantExecutor):
@@ -170,6 +183,10 @@ class ReplayExecutor(InstantExecutor):
                 artifact.task_id, artifact.context_id = task_id, context_id
                 artifact.artifact.artifact_id = uuid.uuid4().hex
                 await event_queue.enqueue_event(artifact)
+
+
+class ServedReplayExecutor(Served, ReplayExecutor):
+    """The replay executor as `build_app` serves executors."""
 
 
 def bare_card(url: str) -> AgentCard:
@@ -247,10 +264,20 @@ async def started(tg: TaskGroup, app_for: Callable[[str], Starlette]) -> str:
     return url
 
 
-async def sdk_call(http: httpx.AsyncClient, url: str) -> Call:
-    """One streamed message to the agent at `url`, through a bare a2a-sdk client."""
+async def sdk_client(http: httpx.AsyncClient, url: str, *, batched: bool = False) -> Client:
+    """A bare a2a-sdk client of the agent at `url`; `batched`: activating the
+    extensions its card declares that the orchestrator reads, as the
+    orchestrator's own client does (so it gets the frames a remote child gets)."""
     card = await A2ACardResolver(http, url).get_agent_card()
-    client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
+    interceptors: list[ClientCallInterceptor] = []
+    if batched:
+        interceptors.append(ExtensionsInterceptor(wanted_extensions(card)))
+    return ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card, interceptors)
+
+
+async def sdk_call(http: httpx.AsyncClient, url: str, *, batched: bool = False) -> Call:
+    """One streamed message to the agent at `url`, through a bare a2a-sdk client."""
+    client = await sdk_client(http, url, batched=batched)
 
     async def call() -> None:
         request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
@@ -264,6 +291,7 @@ async def main(rounds: int, n: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="a2a-bench-"))
     model = ScriptedModel(lambda messages: {"text": "ok"})
     replay = ReplayExecutor()
+    served_replay = ServedReplayExecutor()
     async with anyio.create_task_group() as tg, httpx.AsyncClient(timeout=30) as http:
         bare_url = await started(tg, bare_app)
         app_url = await started(
@@ -274,6 +302,12 @@ async def main(rounds: int, n: int) -> None:
         )
         framed_url = await started(tg, lambda url: bare_app(url, working=EXTRA_FRAMES))
         replay_url = await started(tg, lambda url: bare_app(url, executor=replay))
+        app_replay_url = await started(
+            tg,
+            lambda url: build_app(
+                served_replay, bare_card(url), open_task_store(str(work / "replay.db"))
+            ),
+        )
 
         async def in_process() -> None:
             async for _ in model.stream([{"role": "user", "content": "hi"}], []):
@@ -287,12 +321,10 @@ async def main(rounds: int, n: int) -> None:
             bare_grpc() as bare_grpc_call,
         ):
             # The frames the bare client gets from the role server, for the replay.
-            role_card = await A2ACardResolver(http, server.url).get_agent_card()
-            role_client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(
-                role_card
-            )
+            role_client = await sdk_client(http, server.url, batched=True)
             request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
             replay.frames = [frame async for frame in role_client.send_message(request)]
+            served_replay.frames = replay.frames
             network = Network.of(
                 AgentSpec(name="remote", role="coder", url=server.url),
                 AgentSpec(name="local", role="coder"),
@@ -316,11 +348,12 @@ async def main(rounds: int, n: int) -> None:
                     "in-process": in_process,
                     "local": delegate("local"),
                     "remote": delegate("remote"),
-                    "SDK->role": await sdk_call(http, server.url),
+                    "SDK->role": await sdk_call(http, server.url, batched=True),
                     "Session->SDK": delegate("bare"),
                     "SDK->app": await sdk_call(http, app_url),
                     FRAMED: await sdk_call(http, framed_url),
                     "SDK->replay": await sdk_call(http, replay_url),
+                    APP_REPLAY: await sdk_call(http, app_replay_url),
                     "bare gRPC": bare_grpc_call,
                     "remote gRPC": delegate("remote-grpc"),
                 }
@@ -373,14 +406,22 @@ async def main(rounds: int, n: int) -> None:
         f" cpu {median_of(cpu, 'remote') / floor_cpu:.2f}x"
     )
     role_added = median_of(cpu, "SDK->role") - floor_cpu
-    app_added = median_of(cpu, "SDK->app") - floor_cpu
     frames_added = median_of(cpu, "SDK->replay") - floor_cpu
+    app_added = median_of(cpu, APP_REPLAY) - median_of(cpu, "SDK->replay")
+    executor_added = median_of(cpu, "SDK->role") - median_of(cpu, APP_REPLAY)
+    orchestrator_added = median_of(cpu, "Session->SDK") - floor_cpu
     print(
         f"added to the floor (cpu medians): by the role server {role_added * 1000:.2f} ms"
-        f" (its frames {frames_added * 1000:.2f} ms, its app and task store"
-        f" {app_added * 1000:.2f} ms, the rest {(role_added - frames_added - app_added) * 1000:.2f}"
-        " ms),"
-        f" by the orchestrator's side {(median_of(cpu, 'Session->SDK') - floor_cpu) * 1000:.2f} ms"
+        f" (its frames {frames_added * 1000:.2f} ms, its app and task store on them"
+        f" {app_added * 1000:.2f} ms, its executor's own work {executor_added * 1000:.2f} ms),"
+        f" by the orchestrator's side {orchestrator_added * 1000:.2f} ms"
+    )
+    # What the remote figure would be if the role executor's own work cost
+    # nothing: a2a-sdk's handler and client, the frames, both durable stores.
+    without = median_of(cpu, APP_REPLAY) + orchestrator_added
+    print(
+        f"remote without the role executor's own work, ({APP_REPLAY} + orchestrator's side)"
+        f" / bare SDK (cpu medians): {without / floor_cpu:.2f}x"
     )
     frame = (median_of(cpu, FRAMED) - floor_cpu) / EXTRA_FRAMES
     print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from conftest import a2a_client, role_server, running_with_args
 
 from a2a_orchestrator.decoding import StreamDecoder
 from a2a_orchestrator.events import ChildEvent, Done, Failed, InputRequired, ToolResult
+from a2a_orchestrator.taskstore import SQLiteTaskStore
 
 pytestmark = pytest.mark.anyio
 
@@ -421,6 +423,47 @@ async def test_one_turn_at_a_time_in_a_context(tmp_path: Path) -> None:
     assert f"waiting for input on task {waiting}" in events[-1].message
     assert other[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
     assert answered[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_a_message_naming_no_context_opens_a_new_one_without_reading_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server makes the context (a UUID, as a2a-sdk would): no task can
+    be in it yet, so neither the owners check nor the executor's listing of
+    the context's earlier tasks reads the store. A follow-up naming that
+    context is checked against the store as any other."""
+    asked: list[str] = []
+    listed: list[str] = []
+    owners, listing = SQLiteTaskStore.context_owners, SQLiteTaskStore.list
+
+    async def spied_owners(self: SQLiteTaskStore, context_id: str) -> set[str]:
+        asked.append(context_id)
+        return await owners(self, context_id)
+
+    async def spied_list(self: SQLiteTaskStore, params: Any, context: Any) -> Any:
+        listed.append(params.context_id)
+        return await listing(self, params, context)
+
+    # Spies on the real store: the reads are what this behaviour saves.
+    monkeypatch.setattr(SQLiteTaskStore, "context_owners", spied_owners)
+    monkeypatch.setattr(SQLiteTaskStore, "list", spied_list)
+    with anyio.fail_after(20):
+        async with role_server(tmp_path, [{"text": "one"}, {"text": "two"}]) as server:
+            async with a2a_client(server.url) as client:
+                first, opened = await collect(client, user_message("hi"))
+                context_id = first[0].task.context_id
+                read_by_the_first = [*asked, *listed]
+                second, followed = await collect(
+                    client, user_message("again", context_id=context_id)
+                )
+    assert str(uuid.UUID(context_id)) == context_id
+    assert kinds(opened) == kinds(followed) == ["started", "message", "done"]
+    assert second[0].task.context_id == context_id
+    assert task_id_of(second) != task_id_of(first)
+    assert read_by_the_first == []
+    # The follow-up's owners check, and its check that it repeats no message
+    # a task of the context was opened by (a listing of the context's tasks).
+    assert asked == listed == [context_id]
 
 
 async def test_a_v0_3_client_over_http_json(tmp_path: Path) -> None:
