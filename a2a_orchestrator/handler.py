@@ -60,7 +60,6 @@ from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.types import (
     InvalidParamsError,
-    ListTasksRequest,
     Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
@@ -75,7 +74,7 @@ from .errors import ConfigError, ControlError
 from .executor import NEW_CONTEXT, RoleExecutor
 from .quotas import Quotas
 from .selectors import Selector
-from .taskstore import context_owners
+from .taskstore import context_owners, task_opened_by
 from .wire import CONFIG_KEY, CONTROL_KEY, PAUSE_ON_KEY, metadata_of, pause_rules_from_wire
 
 __all__ = ["RoleRequestHandler"]
@@ -153,18 +152,9 @@ class RoleRequestHandler(DefaultRequestHandler):
     ) -> Task | None:
         """The task a repeated opening message started already, if any."""
         message = params.message
-        token = ""
-        while True:
-            request = ListTasksRequest(
-                context_id=message.context_id, page_token=token, page_size=100
-            )
-            listing = await self.task_store.list(request, context)
-            for task in listing.tasks:
-                if any(m.message_id == message.message_id for m in task.history):
-                    return task
-            token = listing.next_page_token
-            if not token:
-                return None
+        return await task_opened_by(
+            self.task_store, message.context_id, message.message_id, context
+        )
 
     async def _stored_task(self, task_id: str, context: ServerCallContext) -> Task | None:
         stored = await self.task_store.get(task_id, context)

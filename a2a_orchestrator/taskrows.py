@@ -55,10 +55,11 @@ _SCHEMA = (
         data BLOB NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS tasks_owner_updated ON tasks (owner, updated_ns DESC, id DESC)",
-    # A context's listing (three at each new task: the handler's checks and
-    # the executor's earlier tasks) reads this one: with an index on the
-    # context alone, SQLite (no statistics) chose the owner's index for the
-    # ORDER BY and read every task of the owner, a cost that grew with the file.
+    # A context's reads at a new task in a known context (the handler's
+    # owners and repeat checks, the executor's listing of earlier tasks) use
+    # this one: with an index on the context alone, SQLite (no statistics)
+    # chose the owner's index for the ORDER BY and read every task of the
+    # owner, a cost that grew with the file.
     "CREATE INDEX IF NOT EXISTS tasks_context_updated "
     "ON tasks (context_id, updated_ns DESC, id DESC)",
     "DROP INDEX IF EXISTS tasks_context",

@@ -26,7 +26,8 @@ deltas, messages, tool calls, whose starts the journal keeps) are
 coalesced: held in memory (the head and the new history rows), served by
 `get`, and written with the next write, or `coalesce` seconds later, in one
 transaction with every other held frame, in order. `list`,
-`context_owners` and `unfinished` write what is held first.
+`context_owners`, `task_opened_by` and `unfinished` write what is
+held first.
 
 The file has one writer, this store (a role server's own SQLite file;
 replicas share a database through `DatabaseTaskStore` instead), so it also
@@ -57,19 +58,33 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
 from a2a.server.tasks import DatabaseTaskStore, TaskStore
-from a2a.types import InvalidParamsError, ListTasksRequest, ListTasksResponse, Task, TaskState
+from a2a.types import (
+    InvalidParamsError,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Task,
+    TaskState,
+)
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 
 from .sqlitefile import SQLiteFile
 from .taskrows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
 
-__all__ = ["ObservedTaskStore", "SQLiteTaskStore", "TaskOwner", "context_owners"]
+__all__ = [
+    "Listing",
+    "ObservedTaskStore",
+    "SQLiteTaskStore",
+    "TaskOwner",
+    "context_owners",
+    "task_opened_by",
+]
 
 T = TypeVar("T")
 
@@ -460,6 +475,39 @@ class SQLiteTaskStore(TaskStore):
         run = self._file.read if not held else self._run
         return {owner for (owner,) in await run(query)}
 
+    async def task_opened_by(
+        self, context_id: str, message_id: str, context: ServerCallContext
+    ) -> Task | None:
+        """The caller's newest task in `context_id` that the message
+        `message_id` opened (the first message of its history), or None.
+        Reads each task's first history row alone, and parses only those
+        that hold the id's bytes (a listing parses every task of the
+        context whole, and a long conversation opens a task at each turn)."""
+        owner = self._owner(context)
+        # How a message with this id starts its encoding (the id is field 1,
+        # written first): a row without these bytes cannot be it.
+        needle = Message(message_id=message_id).SerializeToString()
+        held = self._take_held()
+
+        def query() -> str | None:
+            self._write(held)
+            rows = self._db.execute(
+                "SELECT t.id, h.data FROM tasks t JOIN task_history h "
+                "ON h.task_id = t.id AND h.seq = 0 "
+                "WHERE t.context_id = ? AND t.owner = ? AND instr(h.data, ?) > 0 "
+                "ORDER BY t.updated_ns DESC, t.id DESC",
+                (context_id, owner, needle),
+            )
+            for task_id, entry in rows:
+                if Task.FromString(entry).history[0].message_id == message_id:
+                    return str(task_id)
+            return None
+
+        # By the context's index: on the loop when it can.
+        run = self._file.read if not held else self._run
+        task_id = await run(query)
+        return None if task_id is None else await self.get(task_id, context)
+
     async def unfinished(self) -> builtins.list[tuple[Task, str]]:
         """Tasks still submitted or working, with their owners (start-up recovery)."""
 
@@ -499,6 +547,39 @@ class ObservedTaskStore(TaskStore):
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         await self.inner.delete(task_id, context)
+
+
+class Listing(Protocol):
+    """A store that lists tasks (a2a-sdk's `TaskStore`, its cluster's
+    `VersionedTaskStore`)."""
+
+    async def list(
+        self, params: ListTasksRequest, context: ServerCallContext
+    ) -> ListTasksResponse: ...
+
+
+async def task_opened_by(
+    store: Listing, context_id: str, message_id: str, context: ServerCallContext
+) -> Task | None:
+    """The caller's newest task in `context_id` that the message
+    `message_id` opened (the first of its history: a repeat of that message
+    finds it), or None: by `SQLiteTaskStore.task_opened_by` for our store,
+    else by listing the context's tasks page by page."""
+    inner: object = store
+    while isinstance(inner, ObservedTaskStore):
+        inner = inner.inner
+    if isinstance(inner, SQLiteTaskStore):
+        return await inner.task_opened_by(context_id, message_id, context)
+    token = ""
+    while True:
+        request = ListTasksRequest(context_id=context_id, page_token=token, page_size=100)
+        listing = await store.list(request, context)
+        for task in listing.tasks:
+            if task.history and task.history[0].message_id == message_id:
+                return task
+        token = listing.next_page_token
+        if not token:
+            return None
 
 
 async def context_owners(store: object, context_id: str) -> set[str] | None:

@@ -434,7 +434,9 @@ async def test_a_message_naming_no_context_opens_a_new_one_without_reading_the_s
     context is checked against the store as any other."""
     asked: list[str] = []
     listed: list[str] = []
+    looked: list[str] = []
     owners, listing = SQLiteTaskStore.context_owners, SQLiteTaskStore.list
+    lookup = SQLiteTaskStore.task_opened_by
 
     async def spied_owners(self: SQLiteTaskStore, context_id: str) -> set[str]:
         asked.append(context_id)
@@ -444,15 +446,20 @@ async def test_a_message_naming_no_context_opens_a_new_one_without_reading_the_s
         listed.append(params.context_id)
         return await listing(self, params, context)
 
+    async def spied_lookup(self: SQLiteTaskStore, context_id: str, *args: Any) -> Any:
+        looked.append(context_id)
+        return await lookup(self, context_id, *args)
+
     # Spies on the real store: the reads are what this behaviour saves.
     monkeypatch.setattr(SQLiteTaskStore, "context_owners", spied_owners)
     monkeypatch.setattr(SQLiteTaskStore, "list", spied_list)
+    monkeypatch.setattr(SQLiteTaskStore, "task_opened_by", spied_lookup)
     with anyio.fail_after(20):
         async with role_server(tmp_path, [{"text": "one"}, {"text": "two"}]) as server:
             async with a2a_client(server.url) as client:
                 first, opened = await collect(client, user_message("hi"))
                 context_id = first[0].task.context_id
-                read_by_the_first = [*asked, *listed]
+                read_by_the_first = [*asked, *listed, *looked]
                 second, followed = await collect(
                     client, user_message("again", context_id=context_id)
                 )
@@ -462,8 +469,10 @@ async def test_a_message_naming_no_context_opens_a_new_one_without_reading_the_s
     assert task_id_of(second) != task_id_of(first)
     assert read_by_the_first == []
     # The follow-up's owners check, and its check that it repeats no message
-    # a task of the context was opened by (a listing of the context's tasks).
-    assert asked == listed == [context_id]
+    # a task of the context was opened by; no listing of the context's tasks
+    # (its conversation is held).
+    assert asked == looked == [context_id]
+    assert listed == []
 
 
 async def test_a_v0_3_client_over_http_json(tmp_path: Path) -> None:

@@ -75,6 +75,83 @@ async def test_list_filters_orders_and_pages(tmp_path: Path) -> None:
     store.close()
 
 
+def with_messages(base: Task, *ids: str, text: str = "x") -> Task:
+    """`base` with user messages of these ids in its history."""
+    from a2a.helpers import new_text_message
+    from a2a.types import Role
+
+    updated = Task()
+    updated.CopyFrom(base)
+    for message_id in ids:
+        message = new_text_message(text, role=Role.ROLE_USER)
+        message.message_id = message_id
+        updated.history.append(message)
+    return updated
+
+
+@pytest.mark.parametrize("kind", ["ours", "sdk"])
+async def test_the_task_a_message_opened_is_found_by_the_messages_id(
+    tmp_path: Path, kind: str
+) -> None:
+    """Ours reads each task's first history row alone, and parses only
+    those holding the id's bytes; any other store is listed page by page:
+    both answer alike."""
+    from a2a.server.tasks import InMemoryTaskStore
+    from a2a.types import Message
+
+    from a2a_orchestrator.taskstore import ObservedTaskStore, task_opened_by
+
+    ours = SQLiteTaskStore(tmp_path / "t.db", coalesce=60.0)
+    inner = ours if kind == "ours" else InMemoryTaskStore()
+
+    async def saved(task: Task, context: ServerCallContext) -> None:
+        return None
+
+    store = ObservedTaskStore(inner, saved)  # as a role server wraps it
+    me, other = as_user("me"), as_user("other")
+    # The id's bytes in a text, under another id: found by bytes, not by id.
+    decoy = Message(message_id="m-open").SerializeToString().decode()
+    with anyio.fail_after(10):
+        first = with_messages(task("t1", "c1", TaskState.TASK_STATE_COMPLETED, 1), "m-open")
+        await store.save(first, me)
+        await store.save(
+            with_messages(task("t2", "c1", TaskState.TASK_STATE_WORKING, 2), "m-2", "m-late"), me
+        )
+        await store.save(
+            with_messages(task("t3", "c1", TaskState.TASK_STATE_WORKING, 3), "m-3", text=decoy),
+            me,
+        )
+        await store.save(
+            with_messages(task("x1", "c2", TaskState.TASK_STATE_WORKING, 4), "m-x"), me
+        )
+        await store.save(
+            with_messages(task("o1", "c1", TaskState.TASK_STATE_WORKING, 5), "m-other"), other
+        )
+        # A task with frames the store holds (not on the file yet): found
+        # as it is now.
+        opened = with_messages(task("t4", "c1", TaskState.TASK_STATE_WORKING, 6), "m-4")
+        await store.save(opened, me)
+        latest = frame(frame(opened, "working"), "more")
+        await store.save(latest, me)
+
+        async def found(message_id: str, who: ServerCallContext = me) -> str | None:
+            answer = await task_opened_by(store, "c1", message_id, who)
+            return None if answer is None else answer.id
+
+        assert await found("m-open") == "t1"
+        assert await found("m-2") == "t2"
+        assert await found("m-late") is None  # it opened no task
+        assert await found("m-4") == "t4"
+        assert await task_opened_by(store, "c1", "m-4", me) == latest
+        assert await found("m-x") is None  # another context
+        assert await found("m-other") is None  # another owner's task
+        assert await found("m-other", other) == "o1"
+        assert await found("m-none") is None
+        whole = await task_opened_by(store, "c1", "m-open", me)
+        assert whole == first
+    ours.close()
+
+
 async def test_a_sqlalchemy_url_uses_the_sdk_database_store(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'sdk.db'}"
     with anyio.fail_after(20):
