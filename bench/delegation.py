@@ -17,9 +17,9 @@ Variants, each one call after another with an instant model, on 127.0.0.1:
   Session->SDK `Session.spawn` of a child on the bare server, then `wait()`:
                what the orchestrator's side adds to the floor
   SDK->app     the bare client streaming to the project's server app
-               (`build_app`: its middleware, request handler and SQLite task
-               store) around the bare server's executor, with its three
-               frames: the app's own cost
+               (`build_app`: its middleware, request handler, metrics and
+               SQLite task store, as a role server serves them) around the
+               bare server's executor, with its three frames: the app's own cost
   bare +3      the bare server sending three working status updates before
                its result: what a frame costs a2a-sdk at both ends
   SDK->replay  the bare client to a bare server sending the frames the role
@@ -89,6 +89,7 @@ from starlette.applications import Starlette
 
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.grpc_serving import add_grpc_interfaces
+from a2a_orchestrator.metrics import Metrics
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.roles import find_role
@@ -297,7 +298,10 @@ async def main(rounds: int, n: int) -> None:
         app_url = await started(
             tg,
             lambda url: build_app(
-                ServedInstantExecutor(), bare_card(url), open_task_store(str(work / "app.db"))
+                ServedInstantExecutor(),
+                bare_card(url),
+                open_task_store(str(work / "app.db")),
+                metrics=Metrics(),  # as `run_role_server` serves by default
             ),
         )
         framed_url = await started(tg, lambda url: bare_app(url, working=EXTRA_FRAMES))
@@ -305,7 +309,10 @@ async def main(rounds: int, n: int) -> None:
         app_replay_url = await started(
             tg,
             lambda url: build_app(
-                served_replay, bare_card(url), open_task_store(str(work / "replay.db"))
+                served_replay,
+                bare_card(url),
+                open_task_store(str(work / "replay.db")),
+                metrics=Metrics(),
             ),
         )
 
