@@ -13,7 +13,9 @@ Contract kept here:
 - Side effects at most once: with a journal, each tool call's start is on
   disk before the call runs and is closed once its result is emitted (so
   recovery can tell a call that never started from one a crash interrupted).
-  A call whose start cannot be recorded is not run.
+  A call whose start cannot be recorded is not run. A tool that only reads
+  (`Tool.read_only`) has no side effect: its calls are not journaled, and
+  recovery takes one without a result as not run.
 - Errors are contained: a failing tool becomes an unsuccessful `ToolResult`
   the model reads; a failing model or a bug in the loop ends the turn as
   `Failed(reason="error")`. Only outside cancellation propagates (the caller
@@ -506,7 +508,14 @@ class Conversation:
     async def _play_call(self, call: ToolCall, emit: Emit) -> None:
         """Run one call and emit its result, journaled when there is a journal."""
         marker = ""
-        if self.journal is not None and call.name in self._tools and "_raw" not in call.arguments:
+        tool = self._tools.get(call.name)
+        # A call that only reads has no side effect to run at most once.
+        if (
+            self.journal is not None
+            and tool is not None
+            and not tool.read_only
+            and "_raw" not in call.arguments
+        ):
             try:
                 marker = await self.journal.started(call)
             except Exception as exc:  # the call must not run unrecorded

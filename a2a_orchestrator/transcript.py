@@ -14,8 +14,10 @@ died mid-step) is kept when any of them had started: side effects happen at
 most once, so a started call is answered with `INTERRUPTED_CALL` (the model
 decides whether to run it again) and one that never started with
 `NOT_STARTED_CALL`. `interrupted` names the calls that started (from the tool
-journal); without it every such call is taken as possibly started. A step
-none of whose calls started is dropped, so the model plays it again.
+journal); without it every such call is taken as possibly started. A call of
+a tool that only reads is never journaled (`Tool.read_only`): without a
+result it is taken as not run, whether it ran or not, which is harmless. A
+step none of whose calls started is dropped, so the model plays it again.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ INTERRUPTED_CALL = (
     "calling it again.)"
 )
 NOT_STARTED_CALL = (
-    "(not run: the process stopped before this call started; call it again if it is still needed.)"
+    "(not run, or its result was lost: the process stopped before this call started, or "
+    "the call only reads and has no effect to check; call it again if it is still needed.)"
 )
 
 

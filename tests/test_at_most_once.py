@@ -94,6 +94,47 @@ async def test_the_start_is_on_disk_before_the_tool_runs(tmp_path: Path) -> None
     journal.close()
 
 
+async def test_a_call_that_only_reads_is_not_journaled(tmp_path: Path) -> None:
+    """Running it again is harmless, so it costs no journal writes: it runs
+    with a journal that cannot be written, beside a call that is refused."""
+    journal = ToolJournal.open(tmp_path / "j.db")
+    journal.close()  # every write now fails
+    ran: list[str] = []
+
+    async def run(args: dict[str, Any]) -> str:
+        ran.append(args["name"])
+        return "ran"
+
+    tools = [
+        Tool(name="look", description="reads", run=run, read_only=True),
+        Tool(name="touch", description="writes", run=run),
+    ]
+    calls = [
+        {"name": "look", "id": "l1", "arguments": {"name": "look"}},
+        {"name": "touch", "id": "t1", "arguments": {"name": "touch"}},
+    ]
+    model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
+    conversation = Conversation(model=model, tools=tools, journal=journal.scoped("ctx"))
+    events: list[Any] = []
+
+    async def emit(event: Any) -> None:
+        events.append(event)
+
+    with anyio.fail_after(10):
+        await conversation.run("go", emit)
+    assert ran == ["look"]
+    results = {e.call_id: e for e in events if isinstance(e, ToolResult)}
+    assert results["l1"].success and results["l1"].output == "ran"
+    assert not results["t1"].success and results["t1"].output.startswith("Not run")
+
+
+def test_the_file_tools_that_only_read_say_so(tmp_path: Path) -> None:
+    from a2a_orchestrator.tools import TOOL_NAMES, Workspace, build_tools
+
+    tools = build_tools([n for n in TOOL_NAMES if n != "run_command"], Workspace(tmp_path))
+    assert {t.name for t in tools if t.read_only} == {"read_file", "list_files", "grep"}
+
+
 async def test_a_call_whose_start_cannot_be_recorded_does_not_run(tmp_path: Path) -> None:
     journal = ToolJournal.open(tmp_path / "j.db")
     journal.close()  # every write now fails

@@ -50,6 +50,11 @@ class Tool:
     description: str
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
     run: Callable[[dict[str, Any]], Awaitable[str]]
+    read_only: bool = False
+    """True for a tool with no side effect (it only reads): its calls are not
+    journaled, since running one again is harmless; after a crash, one
+    without a recorded result is answered as not run, and a step of such
+    calls alone is played again."""
 
     @property
     def spec(self) -> ToolSpec:

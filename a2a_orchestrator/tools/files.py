@@ -300,6 +300,7 @@ def read_file_tool(workspace: Workspace, *, max_bytes: int = READ_LIMIT) -> Tool
             "additionalProperties": False,
         },
         run=run,
+        read_only=True,
     )
 
 
@@ -351,6 +352,7 @@ def list_files_tool(workspace: Workspace, *, max_results: int = LIST_LIMIT) -> T
             "additionalProperties": False,
         },
         run=run,
+        read_only=True,
     )
 
 
@@ -503,6 +505,7 @@ def grep_tool(
             "additionalProperties": False,
         },
         run=run,
+        read_only=True,
     )
 
 
