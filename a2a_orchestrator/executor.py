@@ -108,8 +108,9 @@ DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
 
 NEW_CONTEXT = "a2aOrchestrator.newContext"
 """Call-context state: the context id a request opens a task in when the
-request handler found no task in that context (`handler.py`), so opening
-its conversation reads no earlier tasks and no tool journal."""
+request handler found no task in that context, or made the context itself
+for a message that named none (`handler.py`), so opening its conversation
+reads no earlier tasks and no tool journal."""
 
 
 # How long cancel and shutdown wait for a turn to publish its terminal state.

@@ -18,6 +18,9 @@ journal); without it every such call is taken as possibly started. A call of
 a tool that only reads is never journaled (`Tool.read_only`): without a
 result it is taken as not run, whether it ran or not, which is harmless. A
 step none of whose calls started is dropped, so the model plays it again.
+Calls still open when a turn's end was recorded (a role server ends a task
+a crash interrupted as `lost`) are answered by that end instead:
+`INTERRUPTED_CALL` if they started, else `UNFINISHED_CALL`.
 """
 
 from __future__ import annotations

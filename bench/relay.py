@@ -9,7 +9,8 @@ calls a tool no role has instead: the child answers each call at once
 ("Unknown tool"), with no journal rows and no file read, so the figure is
 the relay's own (store, announce, wire) for a stream of small events, which
 is what the goal means; with `read_file` each event pair also carries a
-tool's work (two journal writes and a file read in a worker thread).
+tool's work (a file read in a worker thread; a tool that only reads is not
+journaled).
 Message deltas are no such stream: a child coalesces them to one per 50 ms
 (`runtime.DELTA_INTERVAL`) and stores none. The parent
 counts what reaches it through `Session.relay()` from the spawn to the

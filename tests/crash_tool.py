@@ -5,7 +5,8 @@ Run as `python crash_tool.py STORE SESSION WORKDIR MOMENT`: it spawns child
 the tool `mark` once (it appends a line to WORKDIR/runs.txt), then says
 what the tool answered. The process SIGKILLs itself right after the commit
 that records the call's start in the tool journal (MOMENT `start`) or its
-close (`finish`), before anything else reaches the file: the child's events
+close (`finish`), before anything else reaches the file (MOMENT `read`: the
+tool says it only reads, and the process is killed once the tool has run): the child's events
 are written behind it (`outbox.py`), so those it emitted just before may
 not be on disk, as after a crash at that instant. The kill is placed by
 SQLite's statement trace so that it lands at that instant every run.
@@ -45,18 +46,26 @@ def network() -> Network:
     return Network.of(AgentSpec(name="marker", role="marker"))
 
 
-def with_mark(session: Session, workdir: Path) -> None:
-    """Give `session`'s in-process children the role `marker` and its tool."""
+def with_mark(
+    session: Session, workdir: Path, *, read_only: bool = False, crash: bool = False
+) -> None:
+    """Give `session`'s in-process children the role `marker` and its tool;
+    `read_only`: the tool says it only reads (it is not journaled); `crash`:
+    it SIGKILLs this process once it has run, before its result is recorded."""
 
     async def mark(arguments: dict[str, Any]) -> str:
         with (workdir / "runs.txt").open("a") as runs:
             runs.write("ran\n")
+        if crash:
+            os.kill(os.getpid(), signal.SIGKILL)
         return "marked"
 
     (workdir / "roles").mkdir(exist_ok=True)
     (workdir / "roles" / "marker.md").write_text(ROLE)
     session.local.cwd = workdir
-    session.local.extra_tools["mark"] = Tool(name="mark", description="Mark.", run=mark)
+    session.local.extra_tools["mark"] = Tool(
+        name="mark", description="Mark.", run=mark, read_only=read_only
+    )
 
 
 def kill_after_commit_of(statement: str) -> Any:
@@ -85,8 +94,12 @@ async def main(store_path: str, session_id: str, workdir: str, moment: str) -> N
         models=lambda name: model,
         session_id=session_id,
     ) as session:
-        with_mark(session, Path(workdir))
-        store._file.conn.set_trace_callback(kill_after_commit_of(JOURNAL_WRITES[moment]))
+        if moment == "read":
+            # A tool that only reads, killed while it runs.
+            with_mark(session, Path(workdir), read_only=True, crash=True)
+        else:
+            with_mark(session, Path(workdir))
+            store._file.conn.set_trace_callback(kill_after_commit_of(JOURNAL_WRITES[moment]))
         child = await session.spawn(ChildConfig(role="marker", prompt="mark it"), child_id="c1")
         await child.wait()
 

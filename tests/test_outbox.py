@@ -293,6 +293,39 @@ async def test_a_call_whose_events_a_kill_9_lost_is_told_interrupted_never_run_a
     assert (runs_file.read_text() if runs_file.exists() else "") == ran_before
 
 
+async def test_a_call_that_only_reads_a_kill_9_interrupted_is_run_again(tmp_path: Path) -> None:
+    """No side effect, no journal row: recovery runs the read again, where a
+    journaled call is answered as interrupted (the test above)."""
+    store_path, workdir = tmp_path / "o.db", tmp_path / "work"
+    workdir.mkdir()
+    crash = [sys.executable, str(HERE / "crash_tool.py"), str(store_path), "s1", str(workdir)]
+    with anyio.fail_after(60):
+        crashed = await anyio.run_process([*crash, "read"], check=False)
+    assert crashed.returncode == -9, crashed.stderr.decode()
+    runs_file = workdir / "runs.txt"
+    assert runs_file.read_text() == "ran\n"
+    conn = sqlite3.connect(store_path)
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM tool_calls").fetchone() == (0,)
+    finally:
+        conn.close()
+
+    store = Store(store_path)
+    model = ScriptedModel(mark_script)
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store, workdir=workdir, network=network(), models=lambda n: model, session_id="s1"
+            ) as session:
+                with_mark(session, workdir, read_only=True)
+                [handle] = await session.recover()
+                result = await handle.result()
+    finally:
+        store.close()
+    assert isinstance(result, Done) and result.text == "tool said: marked"
+    assert runs_file.read_text() == "ran\nran\n"
+
+
 async def test_a_turn_that_raises_after_a_refused_write_still_stores_its_failure(
     tmp_path: Path,
 ) -> None:

@@ -143,6 +143,9 @@ async def test_the_task_a_message_opened_is_found_by_the_messages_id(
         assert await found("m-late") is None  # it opened no task
         assert await found("m-4") == "t4"
         assert await task_opened_by(store, "c1", "m-4", me) == latest
+        if kind == "ours":
+            # The held frames were written first, not dropped.
+            assert on_disk(tmp_path / "t.db", "t4") == latest
         assert await found("m-x") is None  # another context
         assert await found("m-other") is None  # another owner's task
         assert await found("m-other", other) == "o1"
