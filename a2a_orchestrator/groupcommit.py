@@ -14,9 +14,11 @@ Contract:
   when the file is free (`SQLiteFile.write`), else in one worker-thread
   hop. Order is kept:
   writes are applied in the order `write` was called.
-- Each write runs under its own savepoint: one that raises is rolled back
-  alone and its caller gets the error (a sqlite3 error as `StoreError`);
-  the other writes of the group commit. A commit that fails fails them all.
+- Each write of a group of several runs under its own savepoint: one that
+  raises is rolled back alone and its caller gets the error (a sqlite3
+  error as `StoreError`); the other writes of the group commit. A group of
+  one is rolled back whole instead, with the same error to its caller. A
+  commit that fails fails them all.
 - A caller cancelled while its write waits for the next group takes the
   write back (it is not written); once its group is being committed, the
   commit goes through (shielded), as a single write in a thread would.
@@ -116,6 +118,13 @@ class GroupWriter(GroupCommit):
     def _apply(self, batch: list[Write], conn: sqlite3.Connection) -> None:
         """Under the file's lock, inside the group's one transaction (which
         `SQLiteFile.write` begins and commits, here or in a worker thread)."""
+        if len(batch) == 1:
+            # A group of one needs no savepoint (two statements a commit):
+            # what it raises rolls the whole transaction back, and its caller
+            # gets the error from the commit (a sqlite3 error as `StoreError`).
+            [item] = batch
+            item.result = item.fn(conn)
+            return
         for item in batch:
             conn.execute("SAVEPOINT group_write")
             try:

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -210,9 +211,9 @@ def find_role(
     # Every spawn looks its role up: the first hit wins, so the directories
     # are not resolved to drop a repeat (four realpaths a spawn).
     for directory in lookup_dirs("roles", cwd=cwd, home=home, distinct=False):
-        path = _role_file_in(directory, name)
-        if path is not None:
-            return load_role_file(path)
+        found = _role_file_in(directory, name)
+        if found is not None:
+            return role_cache.load(*found)
     raise RoleNotFoundError(name, sorted(_index(role_dirs(cwd, home))))
 
 
@@ -246,17 +247,19 @@ class RoleCache:
         self.parses = 0
         """Role files read and parsed so far (a cache miss each)."""
 
-    def load(self, path: Path) -> Role:
-        try:
-            # Keyed by the path as given (no `resolve`: a realpath is an lstat
-            # per component, on every spawn); another spelling of the same
-            # file is cached apart, under the same stat check.
-            key = (path, path.name)
-            # Taken before the read: an edit landing in between gives a newer
-            # stat next time, so the file is read again rather than kept stale.
-            st = os.stat(path)
-        except (OSError, RuntimeError):
-            return self._parse(path)  # the parse reports the problem
+    def load(self, path: Path, st: os.stat_result | None = None) -> Role:
+        """The role in `path`; `st`: its stat, when the caller just took it."""
+        # Keyed by the path as given (no `resolve`: a realpath is an lstat
+        # per component, on every spawn); another spelling of the same
+        # file is cached apart, under the same stat check.
+        key = (path, path.name)
+        if st is None:
+            try:
+                # Taken before the read: an edit landing in between gives a newer
+                # stat next time, so the file is read again rather than kept stale.
+                st = os.stat(path)
+            except (OSError, RuntimeError):
+                return self._parse(path)  # the parse reports the problem
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         with self._lock:
             cached = self._roles.get(key)
@@ -329,13 +332,25 @@ def _parse_role_file(path: Path) -> Role:
 # --- lookup helpers -----------------------------------------------------------
 
 
-def _role_file_in(directory: Path, name: str) -> Path | None:
-    if not directory.is_dir():
+def _role_file_in(directory: Path, name: str) -> tuple[Path, os.stat_result] | None:
+    """The role file called `name` in `directory`, with its stat (taken
+    before it is read, as `RoleCache.load` needs it), or None. Plain
+    `os.stat` on strings: every spawn looks its role up, and pathlib's
+    `is_dir`/`is_file` cost several times the system call."""
+    where = os.fspath(directory)
+    try:
+        if not stat.S_ISDIR(os.stat(where).st_mode):
+            return None
+    except (OSError, ValueError):
         return None  # one stat for a missing directory, not one per suffix
     for suffix in _SUFFIXES:
-        candidate = directory / f"{name}{suffix}"
-        if candidate.is_file():
-            return candidate
+        candidate = os.path.join(where, name + suffix)
+        try:
+            st = os.stat(candidate)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            return directory / (name + suffix), st
     return None
 
 

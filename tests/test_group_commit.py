@@ -123,3 +123,40 @@ async def test_reads_raise_store_error(tmp_path: Path) -> None:
             await store.child_usage("s")
         # The store goes on for everything else.
         assert await store.append_event("s", "note", {}) is not None
+
+
+async def test_a_write_alone_that_fails_leaves_nothing_and_the_next_commits(
+    tmp_path: Path,
+) -> None:
+    """A group of one has no savepoint of its own: what it wrote before
+    failing is rolled back with its transaction, and its caller gets the
+    error (a sqlite3 error as `StoreError`, any other as raised)."""
+    path = tmp_path / "store.db"
+    async with Store(path) as store:
+        await store.create_session("s")
+        write = store._write  # the store's group writer, as its methods use it
+
+        def half_then_sqlite_error(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE sessions SET title = 'half' WHERE id = 's'")
+            conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+        def half_then_bug(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE sessions SET title = 'half' WHERE id = 's'")
+            raise ValueError("a bug in the write")
+
+        with anyio.fail_after(20):
+            with pytest.raises(StoreError, match="no such table") as refused:
+                await write(half_then_sqlite_error)
+            with pytest.raises(ValueError, match="a bug in the write"):
+                await write(half_then_bug)
+            event = await store.append_event("s", "note", {"n": 1}, uuid="after")
+        assert isinstance(refused.value.__cause__, sqlite3.Error)
+        assert event is not None
+    conn = sqlite3.connect(path)
+    try:
+        titles = [title for (title,) in conn.execute("SELECT title FROM sessions")]
+        uuids = [uuid for (uuid,) in conn.execute("SELECT uuid FROM events")]
+    finally:
+        conn.close()
+    assert "half" not in titles
+    assert uuids == ["after"]

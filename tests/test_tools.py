@@ -421,3 +421,21 @@ def test_tool_schemas(ws: Workspace) -> None:
             assert prop["type"] in {"string", "integer", "number", "boolean"}
             assert prop["description"]
         assert tool.spec.description == tool.description
+
+
+def test_tools_are_built_once_per_workspace_object_and_settings(tmp_path: Path) -> None:
+    """Every spawn builds its tools: one set serves a workspace object and
+    its settings. Another object on the same directory gets its own (the
+    first may be closed meanwhile)."""
+    workspace = Workspace(tmp_path)
+    first = build_tools(["read_file", "grep"], workspace)
+    again = build_tools(["read_file", "grep"], workspace)
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]
+    assert again is not first  # each caller's own list
+    assert build_tools(["grep"], workspace, max_output=10)[0] is not first[1]
+    twin = Workspace(tmp_path)
+    workspace.close()
+    fresh = build_tools(["read_file", "grep"], twin)
+    assert fresh[0] is not first[0]
+    (tmp_path / "f.txt").write_text("x\n")
+    assert anyio.run(fresh[0].run, {"path": "f.txt"}) == "x\n"
