@@ -74,6 +74,7 @@ def role_conversation(
     spent: Spend | None = None,
     turn_spent: Spend | None = None,
     spent_below: Callable[[], Awaitable[Spend]] | None = None,
+    reuse_tools: bool = True,
 ) -> Conversation:
     """A conversation with exactly the tools the role lists, within the role's budget.
 
@@ -83,7 +84,9 @@ def role_conversation(
     off (`Role.no_network`). Raises `ConfigError` when the role lists
     `run_command` and that sandbox cannot be had on this machine, or when it
     has a cost budget and `prices` has no price for its model. `spent`,
-    `turn_spent` and `spent_below` go to the `Conversation`.
+    `turn_spent` and `spent_below` go to the `Conversation`. `reuse_tools`
+    (`build_tools`' `reuse`): False for a workspace made for this
+    conversation alone.
     """
     extra = dict(extra_tools or {})
     unknown = [
@@ -112,6 +115,7 @@ def role_conversation(
         workspace,
         command_timeout=command_timeout or min(role.timeout, 600.0),
         sandbox=policy,
+        reuse=reuse_tools,
     )
     tools += [extra[name] for name in role.tools if name in extra]
     price = prices.price(model.name) if prices is not None else None

@@ -16,9 +16,10 @@ Contract:
   writes are applied in the order `write` was called.
 - Each write of a group of several runs under its own savepoint: one that
   raises is rolled back alone and its caller gets the error (a sqlite3
-  error as `StoreError`); the other writes of the group commit. A group of
-  one is rolled back whole instead, with the same error to its caller. A
-  commit that fails fails them all.
+  error as `StoreError`); the other writes of the group commit. The SQLite
+  writer rolls a group of one back whole instead (no savepoint: two
+  statements a commit), with the same error to its caller. A commit that
+  fails fails them all.
 - A caller cancelled while its write waits for the next group takes the
   write back (it is not written); once its group is being committed, the
   commit goes through (shielded), as a single write in a thread would.
@@ -56,8 +57,10 @@ class GroupCommit:
     """The grouping shared by every store's writer: a queue of writes, one
     group committed at a time by `flush`, each caller woken once its group is
     done (see the module docstring's contract). `flush(batch)` applies the
-    batch in one transaction and commits it, each write under a savepoint of
-    its own, its error left on `item.error`."""
+    batch in one transaction and commits it: a write's own error is left on
+    `item.error` (each write under a savepoint of its own), or, for a group
+    of one, raised by `flush` (the transaction rolled back), which gives it
+    to the caller all the same."""
 
     def __init__(self, flush: Callable[[list[Write]], Awaitable[None]]) -> None:
         self._flush = flush

@@ -21,6 +21,7 @@ files are cached; a broken one is read (and refused) each time.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -341,17 +342,29 @@ def _role_file_in(directory: Path, name: str) -> tuple[Path, os.stat_result] | N
     try:
         if not stat.S_ISDIR(os.stat(where).st_mode):
             return None
-    except (OSError, ValueError):
+    except ValueError:
+        return None
+    except OSError as exc:
+        if exc.errno not in _ABSENT:
+            raise  # a directory it may not search: not skipped for a lower one
         return None  # one stat for a missing directory, not one per suffix
     for suffix in _SUFFIXES:
         candidate = os.path.join(where, name + suffix)
         try:
             st = os.stat(candidate)
-        except (OSError, ValueError):
+        except ValueError:
+            continue
+        except OSError as exc:
+            if exc.errno not in _ABSENT:
+                raise
             continue
         if stat.S_ISREG(st.st_mode):
             return directory / (name + suffix), st
     return None
+
+
+# What pathlib's `is_dir`/`is_file` read as "not there" (anything else is raised).
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 
 
 def _index(dirs: list[Path]) -> dict[str, Path]:

@@ -439,3 +439,7 @@ def test_tools_are_built_once_per_workspace_object_and_settings(tmp_path: Path) 
     assert fresh[0] is not first[0]
     (tmp_path / "f.txt").write_text("x\n")
     assert anyio.run(fresh[0].run, {"path": "f.txt"}) == "x\n"
+    # A workspace made for one conversation: its set is neither kept nor reused.
+    own = build_tools(["read_file"], twin, reuse=False)
+    assert own[0] is not fresh[0]
+    assert build_tools(["read_file"], twin, reuse=False)[0] is not own[0]

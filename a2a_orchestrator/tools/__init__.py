@@ -44,6 +44,7 @@ def build_tools(
     command_timeout: float = 60.0,
     max_output: int = 65536,
     sandbox: Sandbox | None = None,
+    reuse: bool = True,
 ) -> list[Tool]:
     """The tools called `names`, in that order, bound to `workspace`.
 
@@ -58,7 +59,9 @@ def build_tools(
     Tools hold no state of a call or a conversation, so the same ones serve
     every conversation on one `Workspace` object with the same settings: the
     last `_BUILT_MAX` sets built are kept (each spawn and each role-server
-    conversation builds its tools, a few dozen microseconds).
+    conversation builds its tools, a few dozen microseconds). `reuse=False`
+    for a workspace made for one conversation: its set is built anew and not
+    kept (keeping it would keep the workspace's directory open).
     """
     # A bare string is one name, not an iterable of one-letter names.
     wanted = list(dict.fromkeys([names] if isinstance(names, str) else names))
@@ -80,7 +83,9 @@ def build_tools(
     key = (tuple(wanted), id(workspace), command_timeout, max_output, sandbox)
     try:
         hash(key)
-    except TypeError:  # settings that cannot be a key (not the package's own): built anew
+    except TypeError:  # settings that cannot be a key (not the package's own)
+        reuse = False
+    if not reuse:
         return [_made(name, workspace, **settings) for name in wanted]
     with _built_lock:
         built = _built.get(key)

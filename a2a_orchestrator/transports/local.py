@@ -260,6 +260,8 @@ class LocalDelegate:
             extra_tools=tools,
             messages=messages,
             sandbox=sandbox,
+            # A narrowed workspace is this child's own: its tools are not kept.
+            reuse_tools=config.workdir is None,
             journal=journal,
             prices=self.prices,
             spent=spent,
