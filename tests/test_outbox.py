@@ -235,6 +235,23 @@ async def test_a_quick_turn_costs_three_commits_spawn_included(tmp_path: Path) -
     assert sum(1 for s in statements if s.strip().upper() == "COMMIT") <= 3
 
 
+async def recovered(store_path: Path, workdir: Path, *, read_only: bool = False) -> ChildEvent:
+    """The result of the crashed session's child `c1` (`crash_tool.py`),
+    recovered by a new session on the same store, with the same tool."""
+    store = Store(store_path)
+    model = ScriptedModel(mark_script)
+    try:
+        with anyio.fail_after(30):
+            async with Session(
+                store, workdir=workdir, network=network(), models=lambda n: model, session_id="s1"
+            ) as session:
+                with_mark(session, workdir, read_only=read_only)
+                [handle] = await session.recover()
+                return await handle.result()
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     ("moment", "lost", "runs"),
     [
@@ -275,18 +292,7 @@ async def test_a_call_whose_events_a_kill_9_lost_is_told_interrupted_never_run_a
     ran_before = runs_file.read_text() if runs_file.exists() else ""
     assert ran_before in runs
 
-    store = Store(store_path)
-    model = ScriptedModel(mark_script)
-    try:
-        with anyio.fail_after(30):
-            async with Session(
-                store, workdir=workdir, network=network(), models=lambda n: model, session_id="s1"
-            ) as session:
-                with_mark(session, workdir)
-                [handle] = await session.recover()
-                result = await handle.result()
-    finally:
-        store.close()
+    result = await recovered(store_path, workdir)
     # The journal says the call started: it may have run, so it is not run
     # again, and the model is told so (not that it never ran).
     assert isinstance(result, Done) and result.text == "tool said: " + INTERRUPTED_CALL
@@ -310,18 +316,7 @@ async def test_a_call_that_only_reads_a_kill_9_interrupted_is_run_again(tmp_path
     finally:
         conn.close()
 
-    store = Store(store_path)
-    model = ScriptedModel(mark_script)
-    try:
-        with anyio.fail_after(30):
-            async with Session(
-                store, workdir=workdir, network=network(), models=lambda n: model, session_id="s1"
-            ) as session:
-                with_mark(session, workdir, read_only=True)
-                [handle] = await session.recover()
-                result = await handle.result()
-    finally:
-        store.close()
+    result = await recovered(store_path, workdir, read_only=True)
     assert isinstance(result, Done) and result.text == "tool said: marked"
     assert runs_file.read_text() == "ran\nran\n"
 
