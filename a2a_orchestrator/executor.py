@@ -58,7 +58,7 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskStore, TaskUpdater
-from a2a.types import ListTasksRequest, Message, Task, TaskState, TaskStatus
+from a2a.types import Message, Task, TaskState, TaskStatus
 
 from . import tracing
 from .budgets import Budget, PriceTable
@@ -73,7 +73,7 @@ from .overrides import Overrides, check_wire_overrides, offered_models
 from .roles import Role
 from .runtime import Conversation
 from .selectors import Selector
-from .taskstore import ObservedTaskStore
+from .taskstore import ObservedTaskStore, context_tasks
 from .tools import Sandbox, Workspace
 from .transcript import rebuild_transcript
 from .wire import (
@@ -549,17 +549,11 @@ class RoleExecutor(AgentExecutor):
     ) -> list[Task]:
         if self.task_store is None or call_context is None:
             return []
-        tasks: list[Task] = []
-        token = ""
-        while True:
-            listing = await self.task_store.list(
-                ListTasksRequest(context_id=task.context_id, page_token=token, page_size=100),
-                call_context,
-            )
-            tasks.extend(t for t in listing.tasks if t.id != task.id)
-            token = listing.next_page_token
-            if not token:
-                break
+        tasks = [
+            t
+            async for t in context_tasks(self.task_store, task.context_id, call_context)
+            if t.id != task.id
+        ]
         tasks.sort(key=lambda t: t.status.timestamp.ToNanoseconds())
         return tasks
 

@@ -339,31 +339,30 @@ def _role_file_in(directory: Path, name: str) -> tuple[Path, os.stat_result] | N
     `os.stat` on strings: every spawn looks its role up, and pathlib's
     `is_dir`/`is_file` cost several times the system call."""
     where = os.fspath(directory)
-    try:
-        if not stat.S_ISDIR(os.stat(where).st_mode):
-            return None
-    except ValueError:
-        return None
-    except OSError as exc:
-        if exc.errno not in _ABSENT:
-            raise  # a directory it may not search: not skipped for a lower one
+    found = _stat(where)
+    if found is None or not stat.S_ISDIR(found.st_mode):
         return None  # one stat for a missing directory, not one per suffix
     for suffix in _SUFFIXES:
-        candidate = os.path.join(where, name + suffix)
-        try:
-            st = os.stat(candidate)
-        except ValueError:
-            continue
-        except OSError as exc:
-            if exc.errno not in _ABSENT:
-                raise
-            continue
-        if stat.S_ISREG(st.st_mode):
-            return directory / (name + suffix), st
+        found = _stat(os.path.join(where, name + suffix))
+        if found is not None and stat.S_ISREG(found.st_mode):
+            return directory / (name + suffix), found
     return None
 
 
-# What pathlib's `is_dir`/`is_file` read as "not there" (anything else is raised).
+def _stat(path: str) -> os.stat_result | None:
+    """`os.stat(path)`, or None where pathlib's `is_dir`/`is_file` read "not
+    there"; any other error is raised (a directory it may not search is not
+    skipped for a lower one)."""
+    try:
+        return os.stat(path)
+    except ValueError:
+        return None
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return None
+        raise
+
+
 _ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 
 

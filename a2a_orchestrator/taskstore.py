@@ -55,7 +55,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -83,6 +83,7 @@ __all__ = [
     "SQLiteTaskStore",
     "TaskOwner",
     "context_owners",
+    "context_tasks",
     "task_opened_by",
 ]
 
@@ -570,16 +571,25 @@ async def task_opened_by(
         inner = inner.inner
     if isinstance(inner, SQLiteTaskStore):
         return await inner.task_opened_by(context_id, message_id, context)
+    async for task in context_tasks(store, context_id, context):
+        if task.history and task.history[0].message_id == message_id:
+            return task
+    return None
+
+
+async def context_tasks(
+    store: Listing, context_id: str, context: ServerCallContext
+) -> AsyncIterator[Task]:
+    """The caller's tasks in `context_id`, newest first, listed page by page."""
     token = ""
     while True:
         request = ListTasksRequest(context_id=context_id, page_token=token, page_size=100)
         listing = await store.list(request, context)
         for task in listing.tasks:
-            if task.history and task.history[0].message_id == message_id:
-                return task
+            yield task
         token = listing.next_page_token
         if not token:
-            return None
+            return
 
 
 async def context_owners(store: object, context_id: str) -> set[str] | None:

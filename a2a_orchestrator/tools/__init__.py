@@ -81,10 +81,6 @@ def build_tools(
     # By the workspace's identity (a closed one's equal twin must not get
     # its tools), held by the entry so the id is not reused meanwhile.
     key = (tuple(wanted), id(workspace), command_timeout, max_output, sandbox)
-    try:
-        hash(key)
-    except TypeError:  # settings that cannot be a key (not the package's own)
-        reuse = False
     if not reuse:
         return [_made(name, workspace, **settings) for name in wanted]
     with _built_lock:
