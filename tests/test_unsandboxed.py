@@ -21,6 +21,9 @@ import anyio
 import pytest
 
 from a2a_orchestrator.errors import ToolError
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.roles import find_role
+from a2a_orchestrator.server import run_role_server
 from a2a_orchestrator.tools import Sandbox, Tool, Workspace, build_tools
 from a2a_orchestrator.tools.sandbox import pid_namespace
 
@@ -170,6 +173,25 @@ async def test_without_unshare_the_warning_says_detached_processes_survive(
     # Commands still run, as before.
     out = await command_tool(tmp_path, missing).run({"command": "echo ran"})
     assert out == "ran\n[exit code 0]"
+
+
+async def test_a_role_server_started_without_unshare_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = Sandbox(enabled=False, bwrap="/nonexistent/bwrap", unshare="/nonexistent/unshare")
+    with anyio.fail_after(20):
+        async with run_role_server(
+            find_role("coder"),
+            ScriptedModel([]),
+            tmp_path,
+            db=str(tmp_path / "t.db"),
+            sandbox=missing,
+        ):
+            pass
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        "turned the sandbox off" in m and "detaches (setsid) outlives" in m for m in warned
+    ), warned
 
 
 @needs_unshare
