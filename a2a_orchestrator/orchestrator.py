@@ -623,7 +623,7 @@ async def run_orchestrator_server(
     check_sandbox(network.agents.values(), sandbox)
     unsandboxed = not sandbox.enabled and any(not s.remote for s in network.agents.values())
     if unsandboxed:
-        logger.warning("orchestrator: in-process agents: %s (sandbox turned off)", UNSANDBOXED_NOTE)
+        logger.warning("orchestrator: in-process agents: %s", sandbox.describe())
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)
     if access is None and token:

@@ -668,8 +668,9 @@ async def run_role_server(
         # Refuse before anything is bound or opened.
         sandbox.allowing_network(role.sandbox_network).check()
         if not sandbox.enabled:
+            # describe() also says whether a detached process outlives its command.
             logger.warning(
-                "%s: %s (the operator turned the sandbox off)", role.name, UNSANDBOXED_NOTE
+                "%s: the operator turned the sandbox off: %s", role.name, sandbox.describe()
             )
     sock = bind_socket(host, port)
     url = public_url_for(host, sock.getsockname()[1], public_url)

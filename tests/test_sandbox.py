@@ -494,6 +494,8 @@ def test_the_opt_out_from_the_command_line_is_logged_and_on_the_card(work: Path)
         _, stderr = server.communicate(timeout=20)
     assert card["description"].endswith("(commands run unsandboxed)")
     assert "commands: OFF: commands run unsandboxed" in "".join(lines)
+    # No unshare on that PATH either: the warning says what that leaves open.
+    assert "a process a command detaches (setsid) outlives its timeout" in stderr
     assert "turned the command sandbox off" in stderr
 
 

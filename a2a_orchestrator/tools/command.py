@@ -9,16 +9,18 @@ However `run` ends —
 the command finished, its timeout expired, or the awaiting task was
 cancelled — before it returns or raises, the whole group has been sent
 SIGTERM, then SIGKILL after a short grace, and the shell has been awaited.
-Nothing the command started is left running (except a process that put
-itself in another session on purpose). Cancellation is re-raised after that
-cleanup, never swallowed.
+Nothing the command started is left running. Cancellation is re-raised after
+that cleanup, never swallowed.
 
 A command whose background job keeps stdout open is waited for until its
 timeout, like any shell pipeline reading to end of file.
 
-In a sandbox, SIGTERM ends bubblewrap, whose PID namespace then takes every
-process in it down with SIGKILL; a process that left the group on purpose
-goes with it.
+A process that left the group on purpose (`setsid`) goes with the PID
+namespace the command runs in: in a sandbox, SIGTERM ends bubblewrap, whose
+namespace then takes every process in it down with SIGKILL; opted out, the
+shell is the first process of an `unshare` namespace, and its end ends the
+rest. Only where the opt-out has no namespace (`Sandbox.describe` says so)
+does such a process survive.
 
 At-most-once seam: when the runtime set `base.current_call`, the call's
 marker is in the command's environment and the process group is reported
@@ -214,15 +216,19 @@ def run_command_tool(
         try:
             # Shielded so a cancellation cannot land between the spawn and our
             # holding the handle, which would leave the process unowned.
-            with anyio.CancelScope(shield=True):
+            with (
+                anyio.CancelScope(shield=True),
+                policy.launch(["/bin/sh", "-c", command], workspace.root) as launch,
+            ):
                 process = await anyio.open_process(
-                    policy.wrap(["/bin/sh", "-c", command], workspace.root),
+                    launch.argv,
                     cwd=workspace.root,
                     env=policy.environment(call.marker if call is not None else None),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    pass_fds=launch.pass_fds,
                 )
         except OSError as exc:
             raise ToolError(f"Could not start the command: {exc}") from exc

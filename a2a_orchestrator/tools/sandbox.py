@@ -17,6 +17,9 @@ a command into a `bwrap` command line that gives the command:
   unless `Sandbox.network` allows the network;
 - no capabilities: bwrap run by root keeps them all otherwise, and root
   could unmount what hides the stores or remount `/` read-write;
+- no setuid or setgid bits on any file it makes (`tools.seccomp`): its work
+  directory is the host's, and a setuid-root file left there would run as
+  root for any local user;
 - death with the server: `--die-with-parent` kills it when bwrap's parent
   dies, even by SIGKILL, and the PID namespace ends with its first process.
 
@@ -28,12 +31,16 @@ from the machine.
 Where bubblewrap is missing or cannot create namespaces, `Sandbox.check`
 refuses with a `ConfigError` naming the fix; only an explicit opt-out
 (`enabled=False`: `--no-sandbox`, `A2A_SANDBOX=off`) runs commands
-unconfined. Either way a command gets `environment()`, never the server's
-own environment (which holds tokens and API keys).
+unconfined. Unconfined, a command still gets a PID namespace of its own
+where `unshare` can make one (root, or a container that allows it), so what
+it detaches dies with it; elsewhere `describe` says that it survives.
+Either way a command gets `environment()`, never the server's own
+environment (which holds tokens and API keys).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -41,11 +48,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from . import seccomp
 from .base import CALL_MARKER_ENV
 from .reserved import READ_ONLY_DIRS, STATE_DIR
 
@@ -55,7 +63,9 @@ __all__ = [
     "SANDBOX_ENV",
     "STATE_DIR",
     "UNSANDBOXED_NOTE",
+    "Launch",
     "Sandbox",
+    "pid_namespace",
     "probe",
     "store_paths",
 ]
@@ -95,6 +105,8 @@ class Sandbox:
     """Paths commands must not see, besides the ones every sandbox hides."""
     bwrap: str = "bwrap"
     """The bubblewrap executable: a name looked up on PATH, or a path."""
+    unshare: str = "unshare"
+    """util-linux's `unshare`, which gives unsandboxed commands a PID namespace."""
 
     @classmethod
     def from_env(
@@ -131,7 +143,14 @@ class Sandbox:
     def describe(self) -> str:
         """One line for start-up output."""
         if not self.enabled:
-            return f"OFF: {UNSANDBOXED_NOTE} (--no-sandbox or {SANDBOX_ENV}=off)"
+            off = f"OFF: {UNSANDBOXED_NOTE} (--no-sandbox or {SANDBOX_ENV}=off)"
+            why_not = pid_namespace(self.unshare)[1]
+            if why_not:
+                return (
+                    f"{off}; no PID namespace for them ({why_not}): a process a command "
+                    "detaches (setsid) outlives its timeout, a cancel and the server"
+                )
+            return f"{off}; each in a PID namespace of its own, which ends with it"
         return f"bubblewrap, network {'allowed' if self.network else 'off'}"
 
     def check(self) -> None:
@@ -174,18 +193,43 @@ class Sandbox:
             env[CALL_MARKER_ENV] = marker
         return env
 
-    def wrap(self, argv: Sequence[str], workdir: Path) -> list[str]:
-        """`argv` as run in this sandbox with `workdir` writable (as is, when opted out).
+    @contextlib.contextmanager
+    def launch(self, argv: Sequence[str], workdir: Path) -> Iterator[Launch]:
+        """`argv` as run under this policy, with what its process must inherit.
 
-        Creates `workdir/.a2a` when missing: a command could otherwise make
-        it and plant configuration the server reads later.
+        Start the process inside the block: the descriptors in
+        `Launch.pass_fds` are closed when it ends.
         """
         if not self.enabled:
-            # Unconfined, but the shell still dies with the server (even by
-            # SIGKILL), so a crashed server's command stops where it is; what
-            # it started itself is ended by the next start's journal recovery.
-            setpriv = shutil.which("setpriv")
-            return [setpriv, "--pdeathsig", "KILL", *argv] if setpriv else list(argv)
+            yield Launch(argv=self._unconfined(argv))
+            return
+        fd = seccomp.program_fd()
+        try:
+            yield Launch(argv=tuple(self.wrap(argv, workdir, seccomp_fd=fd)), pass_fds=(fd,))
+        finally:
+            os.close(fd)
+
+    def _unconfined(self, argv: Sequence[str]) -> tuple[str, ...]:
+        # Unconfined, but the shell still dies with the server (even by
+        # SIGKILL), so a crashed server's command stops where it is; in a
+        # PID namespace of its own, what it started dies with it, even a
+        # process that left its group and cleared its environment (so that
+        # neither the group nor the call's marker finds it).
+        setpriv = shutil.which("setpriv")
+        prefix = (setpriv, "--pdeathsig", "KILL") if setpriv else ()
+        return (*prefix, *pid_namespace(self.unshare)[0], *argv)
+
+    def wrap(self, argv: Sequence[str], workdir: Path, *, seccomp_fd: int) -> list[str]:
+        """`argv` as run in this sandbox with `workdir` writable (unconfined,
+        ignoring `seccomp_fd`, when opted out).
+
+        `seccomp_fd` reads the filter against setuid files (`seccomp.program_fd`)
+        and the process must inherit it: `launch` does both. Creates
+        `workdir/.a2a` when missing: a command could otherwise make it and
+        plant configuration the server reads later.
+        """
+        if not self.enabled:
+            return list(self._unconfined(argv))
         root = Path(os.path.realpath(workdir))
         state = root / STATE_DIR
         try:
@@ -238,6 +282,7 @@ class Sandbox:
             *([] if self.network else ["--unshare-net"]),
             "--die-with-parent",
             *("--cap-drop", "ALL"),
+            *("--seccomp", str(seccomp_fd)),
             # No --new-session: `run_command` already starts bwrap in a new
             # session (setsid), so the sandbox has no controlling terminal to
             # inject input into, and staying in that process group lets the
@@ -247,6 +292,16 @@ class Sandbox:
             *argv,
         ]
         return args
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """How to start one command (`Sandbox.launch`)."""
+
+    argv: tuple[str, ...]
+    """The command line: bwrap's, or the unconfined command's."""
+    pass_fds: tuple[int, ...] = ()
+    """Descriptors the process must inherit (bwrap's seccomp filter)."""
 
 
 @functools.cache
@@ -291,15 +346,21 @@ def probe(bwrap: str = "bwrap", *, network: bool = False) -> str:
     found = shutil.which(bwrap)
     if found is None:
         return f"bubblewrap is not installed ({bwrap!r} not found)"
-    with tempfile.TemporaryDirectory(prefix="a2a-sandbox-probe-") as tmp:
-        argv = Sandbox(bwrap=found, network=network).wrap(["/bin/true"], Path(tmp))
+    unsupported = seccomp.machine_supported()
+    if unsupported:
+        return unsupported
+    with (
+        tempfile.TemporaryDirectory(prefix="a2a-sandbox-probe-") as tmp,
+        Sandbox(bwrap=found, network=network).launch(["/bin/true"], Path(tmp)) as launch,
+    ):
         try:
             result = subprocess.run(
-                argv,
+                launch.argv,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=_PROBE_TIMEOUT,
                 env={"PATH": _DEFAULT_PATH},
+                pass_fds=launch.pass_fds,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -308,3 +369,39 @@ def probe(bwrap: str = "bwrap", *, network: bool = False) -> str:
         detail = result.stderr.decode("utf-8", "replace").strip().splitlines()
         return f"{found} cannot create its sandbox here ({detail[-1] if detail else 'no output'})"
     return ""
+
+
+_PID_NAMESPACE = ("--pid", "--fork", "--kill-child", "--mount-proc")
+"""`unshare` options for an unsandboxed command: its own PID namespace (whose
+first process is the shell; when it ends, the kernel kills every process
+left in it), ended when `unshare` dies (`--kill-child`), and a /proc of its
+own so that a pid the command reads names a process there."""
+
+
+@functools.lru_cache(maxsize=16)
+def pid_namespace(unshare: str = "unshare") -> tuple[tuple[str, ...], str]:
+    """What runs an unsandboxed command in a PID namespace of its own here,
+    and "" as the reason; or no arguments and the reason none can be made.
+
+    Making one needs CAP_SYS_ADMIN (a root server; not in a default Docker
+    container). Tried once with /bin/true; cached like `probe`.
+    """
+    found = shutil.which(unshare)
+    if found is None:
+        return (), f"util-linux's unshare is not installed ({unshare!r} not found)"
+    argv = (found, *_PID_NAMESPACE)
+    try:
+        result = subprocess.run(
+            [*argv, "/bin/true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_PROBE_TIMEOUT,
+            env={"PATH": _DEFAULT_PATH},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return (), f"{found} could not run ({exc})"
+    if result.returncode != 0:
+        detail = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        return (), f"{found} cannot make one here: {detail[-1] if detail else 'no output'}"
+    return argv, ""
