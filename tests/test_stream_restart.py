@@ -300,3 +300,47 @@ async def test_run_ends_task_done_when_every_pass_is_cut_and_retried_differently
     assert page.status_code == 200
     assert RESTART_MARK in page.text and "mid-stream" in page.text
     assert WITHDRAWN[:9] not in page.text
+
+
+async def test_a_caller_of_the_orchestrator_sees_each_withdrawal_as_a_child_event(
+    tmp_path: Path,
+) -> None:
+    """`serve orchestrator` relays its children's events to its A2A caller
+    (deltas aside): a restart is one of them, from a remote and a local pass."""
+    endpoint = CuttingEndpoint()
+    work = tmp_path / "work"
+    work.mkdir()
+    with anyio.fail_after(90):
+        async with serving(endpoint) as url:
+            async with OpenAIModel("gpt-test", base_url=url, api_key=None) as model:
+                async with (
+                    run_role_server(
+                        find_role("architect"), model, work, db=str(tmp_path / "role.db")
+                    ) as server,
+                    run_orchestrator_server(
+                        store_path=tmp_path / "orchestrator.db",
+                        workdir=work,
+                        network=Network.of(
+                            AgentSpec(name="architect", role="architect", url=server.url),
+                            AgentSpec(name="coder", role="coder"),
+                            AgentSpec(name="reviewer", role="reviewer"),
+                        ),
+                        models=lambda name: model,
+                        db=str(tmp_path / "orchestrator-tasks.db"),
+                    ) as orchestrator,
+                    a2a_client(orchestrator.url) as client,
+                ):
+                    responses, _ = await collect(client, user_message("Add a greeting"))
+    statuses = [r.status_update.status for r in responses if r.HasField("status_update")]
+    assert statuses[-1].state == TaskState.TASK_STATE_COMPLETED
+    relayed = [
+        s.message.parts[1].data.struct_value
+        for s in statuses
+        if EVENT_KEY in s.message.metadata and s.message.metadata[EVENT_KEY] == "child_event"
+    ]
+    withdrawals = {
+        (event["transport"].string_value, event["role"].string_value)
+        for event in (r.fields for r in relayed)
+        if event["event"].struct_value.fields["kind"].string_value == "message_restarted"
+    }
+    assert withdrawals == {("remote", "architect"), ("local", "coder"), ("local", "reviewer")}
