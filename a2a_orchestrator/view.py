@@ -54,6 +54,9 @@ T = TypeVar("T")
 RESTART_MARK = "(stream cut; restarted)"
 """What a view says where a message's text was withdrawn and begun again."""
 
+_WORKING = (Started, MessageDelta, MessageRestarted, AssistantMessage, ToolCalled, ToolResult)
+"""Events of a child at work (its row says running)."""
+
 
 def _short(text: str, width: int = 48) -> str:
     line = " ".join(text.split())
@@ -148,15 +151,7 @@ class LiveTree:
         event = relayed.event
         if isinstance(event, MessageDelta) and self.live is False:
             return  # a log gets the whole message once, not every delta
-        running = (
-            Started,
-            MessageDelta,
-            MessageRestarted,
-            AssistantMessage,
-            ToolCalled,
-            ToolResult,
-        )
-        if isinstance(event, running):
+        if isinstance(event, _WORKING):
             row.status = "running"
         elif isinstance(event, Done):
             row.status = "completed"
