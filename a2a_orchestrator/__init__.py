@@ -47,6 +47,7 @@ if _typing.TYPE_CHECKING:
     from .events import Failed as Failed
     from .events import InputRequired as InputRequired
     from .events import MessageDelta as MessageDelta
+    from .events import MessageRestarted as MessageRestarted
     from .events import Started as Started
     from .events import ToolCalled as ToolCalled
     from .events import ToolResult as ToolResult
@@ -124,6 +125,7 @@ _EXPORTS: dict[str, str] = {
     "Failed": "events",
     "InputRequired": "events",
     "MessageDelta": "events",
+    "MessageRestarted": "events",
     "Started": "events",
     "ToolCalled": "events",
     "ToolResult": "events",
@@ -212,6 +214,7 @@ __all__ = [
     "Limits",
     "MemoryDelegate",
     "MessageDelta",
+    "MessageRestarted",
     "Model",
     "ModelError",
     "ModelSettings",

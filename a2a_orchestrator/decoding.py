@@ -27,6 +27,7 @@ from .events import (
     FailReason,
     InputRequired,
     MessageDelta,
+    MessageRestarted,
     Started,
     ToolCalled,
     ToolResult,
@@ -147,7 +148,9 @@ def _python(value: Value) -> Any:
     return None
 
 
-_WORKING_KINDS = frozenset({"message_delta", "message", "tool_called", "tool_result"})
+_WORKING_KINDS = frozenset(
+    {"message_delta", "message_restarted", "message", "tool_called", "tool_result"}
+)
 _ENDING_KINDS = frozenset({"done", "failed", "input_required"})
 
 
@@ -182,6 +185,8 @@ def _event(
             )
         case "message_delta":
             return MessageDelta(uuid=uuid, text=text)
+        case "message_restarted":
+            return MessageRestarted(uuid=uuid, reason=text)
         case "message":
             return AssistantMessage(uuid=uuid, text=text)
         case "tool_called":

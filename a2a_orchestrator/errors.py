@@ -90,7 +90,7 @@ class ModelError(OrchestratorError):
 
     `kind` names the failure in a word, for counting (metrics): `timeout`,
     `unreachable`, `refused` (credentials), `http_<status>`, `malformed`,
-    `cut_short`, `diverged`, `closed`, or `error` when nothing finer is known."""
+    `cut_short`, `closed`, or `error` when nothing finer is known."""
 
     def __init__(self, message: str = "", *, kind: str = "error") -> None:
         super().__init__(message)

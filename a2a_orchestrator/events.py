@@ -26,6 +26,7 @@ __all__ = [
     "Failed",
     "InputRequired",
     "MessageDelta",
+    "MessageRestarted",
     "Started",
     "ToolCalled",
     "ToolResult",
@@ -73,6 +74,20 @@ class MessageDelta:
     kind: Literal["message_delta"] = "message_delta"
     uuid: str = _uuid()
     text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageRestarted:
+    """The deltas streamed so far in this step are withdrawn: the model's
+    stream was cut, and its retry begins the message again, often in other
+    words. The `message` that ends the step holds only the retry's answer.
+    A reader that does not know this kind skips it and still gets that
+    whole message."""
+
+    kind: Literal["message_restarted"] = "message_restarted"
+    uuid: str = _uuid()
+    reason: str = ""
+    """Why the stream broke off (the endpoint's error)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +167,7 @@ class Failed:
 ChildEvent: TypeAlias = (
     Started
     | MessageDelta
+    | MessageRestarted
     | AssistantMessage
     | ToolCalled
     | ToolResult
@@ -161,7 +177,7 @@ ChildEvent: TypeAlias = (
 )
 
 CHILD_EVENT_KINDS = frozenset(
-    {"started", "message_delta", "message", "tool_called", "tool_result"}
+    {"started", "message_delta", "message_restarted", "message", "tool_called", "tool_result"}
     | {"input_required", "done", "failed"}
 )
 """Every kind a child event can have (stored rows of other kinds are records)."""
@@ -174,6 +190,7 @@ _BY_KIND: dict[str, type[Any]] = {
     for cls in (
         Started,
         MessageDelta,
+        MessageRestarted,
         AssistantMessage,
         ToolCalled,
         ToolResult,

@@ -10,6 +10,10 @@ Contract kept here:
   abort. It emits `Started` first and exactly one terminal event last
   (`Done`, `InputRequired` or `Failed`), which it also returns. One turn at a
   time; a second concurrent `run` is a `RuntimeError`.
+- A model call whose stream was cut and retried from the start (the
+  model's `Restart`) withdraws the deltas it emitted with one
+  `MessageRestarted`; the step's `AssistantMessage` and the transcript hold
+  the retry's answer alone.
 - Side effects at most once: with a journal, each tool call's start is on
   disk before the call runs and is closed once its result is emitted (so
   recovery can tell a call that never started from one a crash interrupted).
@@ -70,13 +74,14 @@ from .events import (
     FailReason,
     InputRequired,
     MessageDelta,
+    MessageRestarted,
     Started,
     ToolCalled,
     ToolResult,
 )
 from .instruments import observed_emit, observed_stream
 from .journal import CallJournal
-from .models.base import ChatMessage, Model, TextDelta, ToolCall, ToolSpec, Usage
+from .models.base import ChatMessage, Model, Restart, TextDelta, ToolCall, ToolSpec, Usage
 from .tools.base import CallScope, Tool, current_call
 
 __all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "Conversation", "Emit"]
@@ -434,6 +439,7 @@ class Conversation:
             # streams a token at a time, and over A2A every delta is a stored
             # status update. A model that answers at once yields one delta.
             unsent: list[str] = []
+            sent = False  # whether a delta of this attempt's text went out
             last_sent = anyio.current_time()
             call_usage = Usage()
             stream = tracing.model_call(self.model, self.messages, self._specs)
@@ -445,7 +451,17 @@ class Conversation:
                         if anyio.current_time() - last_sent >= DELTA_INTERVAL:
                             await emit(MessageDelta(text="".join(unsent)))
                             unsent.clear()
+                            sent = True
                             last_sent = anyio.current_time()
+                elif isinstance(item, Restart):
+                    # The stream was cut and the retry begins the message
+                    # again: its text so far is no part of the answer. Said
+                    # only when some of it went out; unsent text just goes.
+                    parts.clear()
+                    unsent.clear()
+                    if sent:
+                        await emit(MessageRestarted(reason=item.reason))
+                        sent = False
                 elif isinstance(item, ToolCall):
                     calls.append(item)
                 else:

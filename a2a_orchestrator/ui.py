@@ -102,7 +102,12 @@ def summarize(event: StoredEvent) -> dict[str, Any]:
         )
         summary = f"{event.kind} {' '.join(words.split())[:80]}".strip()
     detail = next(
-        (str(payload[k]) for k in ("text", "message", "question", "output") if payload.get(k)), ""
+        (
+            str(payload[k])
+            for k in ("text", "message", "question", "output", "reason")
+            if payload.get(k)
+        ),
+        "",
     )
     if not detail and payload.get("arguments"):
         detail = json.dumps(payload["arguments"], indent=2, ensure_ascii=False)

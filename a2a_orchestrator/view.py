@@ -10,7 +10,10 @@ around a `Tree`, a child nested under the child that spawned it), while
 `follow_while` runs; elsewhere (a pipe, CI, a log file) each event is
 printed as one line instead, so nothing is lost and nothing is garbled, and
 rich is not even imported. Tokens are counted per finished turn; a child
-with children of its own also shows its subtree's (`Σ 900 tok`).
+with children of its own also shows its subtree's (`Σ 900 tok`). A message
+whose stream was cut and begun again (`message_restarted`) replaces the
+half-shown text, and the restarted message carries `RESTART_MARK` until
+the child's next event.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .events import (
     Failed,
     InputRequired,
     MessageDelta,
+    MessageRestarted,
     Started,
     ToolCalled,
     ToolResult,
@@ -43,9 +47,15 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.tree import Tree
 
-__all__ = ["LiveTree", "describe_event"]
+__all__ = ["RESTART_MARK", "LiveTree", "describe_event"]
 
 T = TypeVar("T")
+
+RESTART_MARK = "(stream cut; restarted)"
+"""What a view says where a message's text was withdrawn and begun again."""
+
+_WORKING = (Started, MessageDelta, MessageRestarted, AssistantMessage, ToolCalled, ToolResult)
+"""Events of a child at work (its row says running)."""
 
 
 def _short(text: str, width: int = 48) -> str:
@@ -60,6 +70,8 @@ def describe_event(event: ChildEvent) -> str:
             return f"started{f' ({model})' if model else ''}"
         case MessageDelta(text=text) | AssistantMessage(text=text):
             return f'says "{_short(text)}"'
+        case MessageRestarted():
+            return f"text withdrawn {RESTART_MARK}"
         case ToolCalled(tool=tool, arguments=arguments):
             detail = arguments.get("path") or arguments.get("command") or arguments.get("pattern")
             return f"calls {tool}" + (f" {_short(str(detail), 40)}" if detail else "")
@@ -82,6 +94,8 @@ class _Row:
     status: str = "pending"
     last: str = ""
     tokens: int = 0
+    restarted: bool = False
+    """The message being shown was begun again after a cut."""
     parent_id: str = ""
     children: list[str] = field(default_factory=list)
 
@@ -137,7 +151,7 @@ class LiveTree:
         event = relayed.event
         if isinstance(event, MessageDelta) and self.live is False:
             return  # a log gets the whole message once, not every delta
-        if isinstance(event, Started | MessageDelta | AssistantMessage | ToolCalled | ToolResult):
+        if isinstance(event, _WORKING):
             row.status = "running"
         elif isinstance(event, Done):
             row.status = "completed"
@@ -149,6 +163,14 @@ class LiveTree:
             row.status = "waiting"
             row.tokens += event.spent.tokens
         row.last = describe_event(event)
+        # The withdrawn text's place now shows the message begun again,
+        # marked as such until the child moves on.
+        if isinstance(event, MessageRestarted):
+            row.restarted = True
+        elif row.restarted and isinstance(event, MessageDelta | AssistantMessage):
+            row.last += f" {RESTART_MARK}"
+        else:
+            row.restarted = False
         if self.live:
             if self._display is not None:
                 self._display.update(self.tree(), refresh=True)

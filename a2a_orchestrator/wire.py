@@ -2,16 +2,17 @@
 
 Server side, `publish` turns each `ChildEvent` into task updates:
 
-| event            | A2A                                                          |
-|------------------|--------------------------------------------------------------|
-| started          | status WORKING, text "<role> started"                        |
-| message_delta    | status WORKING, text part (the delta)                        |
-| message          | status WORKING, text part (the whole message)                |
-| tool_called      | status WORKING, data part {call_id, tool, arguments}         |
-| tool_result      | status WORKING, data part {call_id, tool, output, success}   |
-| input_required   | status INPUT_REQUIRED, text part (the question)              |
-| done             | artifact "result" (text part), then status COMPLETED         |
-| failed           | status FAILED (CANCELED when aborted), text part, reason     |
+| event             | A2A                                                          |
+|-------------------|--------------------------------------------------------------|
+| started           | status WORKING, text "<role> started"                        |
+| message_delta     | status WORKING, text part (the delta)                        |
+| message_restarted | status WORKING, text part (why; the deltas are withdrawn)    |
+| message           | status WORKING, text part (the whole message)                |
+| tool_called       | status WORKING, data part {call_id, tool, arguments}         |
+| tool_result       | status WORKING, data part {call_id, tool, output, success}   |
+| input_required    | status INPUT_REQUIRED, text part (the question)              |
+| done              | artifact "result" (text part), then status COMPLETED         |
+| failed            | status FAILED (CANCELED when aborted), text part, reason     |
 
 `done`, `failed` and `input_required` carry the turn's spend in metadata
 (`spent`: tokens, model calls, seconds, cost); `failed` names reason
@@ -67,6 +68,7 @@ from .events import (
     Failed,
     InputRequired,
     MessageDelta,
+    MessageRestarted,
     Started,
     ToolCalled,
     ToolResult,
@@ -249,12 +251,16 @@ def pause_rules_from_wire(data: object) -> dict[str, Selector]:
 
 
 def working_part(event: ChildEvent) -> Part | None:
-    """The one part of a WORKING event's status message (a delta, a message,
-    a tool call or result); None for the events that are not such a frame
+    """The one part of a WORKING event's status message (a delta, a restart,
+    a message, a tool call or result); None for the events that are not such a frame
     (the Started frame, and events that change the task's state or artifacts)."""
     match event:
         case MessageDelta(text=text) | AssistantMessage(text=text):
             return new_text_part(text)
+        case MessageRestarted(reason=reason):
+            # A text part: a reader that does not know the kind (an older
+            # peer skips it; a stock client shows the text) is not misled.
+            return new_text_part(reason or "stream cut; the message restarts")
         case ToolCalled(call_id=call_id, tool=tool, arguments=arguments):
             return _data_part({"callId": call_id, "tool": tool, "arguments": arguments})
         case ToolResult(call_id=call_id, tool=tool, output=output, success=success):

@@ -41,6 +41,7 @@ from test_at_most_once import _wait_for_text
 from test_delegation import session_for
 from test_recovery import start_role_server
 
+from a2a_orchestrator import decoding
 from a2a_orchestrator import server as server_module
 from a2a_orchestrator.budgets import Spend
 from a2a_orchestrator.decoding import StreamDecoder, events_of, history_entries, reported_usage
@@ -52,6 +53,7 @@ from a2a_orchestrator.events import (
     Failed,
     InputRequired,
     MessageDelta,
+    MessageRestarted,
     ToolCalled,
     ToolResult,
 )
@@ -604,3 +606,44 @@ def test_the_orchestrator_asks_for_the_newest_batch_version_a_card_declares() ->
     assert wanted_extensions(card(BATCH_EXTENSION_V1, BATCH_EXTENSION)) == [BATCH_EXTENSION]
     assert wanted_extensions(card(BATCH_EXTENSION_V1)) == [BATCH_EXTENSION_V1]
     assert wanted_extensions(card("https://example.com/ext")) == []
+
+
+@pytest.mark.parametrize("batched", [True, False])
+async def test_a_withdrawal_reads_back_in_place_and_an_older_reader_skips_it(
+    batched: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`message_restarted` between deltas, in one batch or frame by frame:
+    our reader gives it back in its place; a reader of an earlier version
+    (its `_event` knows no such kind) skips it, and still reads the whole
+    message and the turn's end."""
+    events: list[ChildEvent] = [
+        MessageDelta(text="Draft one"),
+        MessageRestarted(reason="model endpoint unreachable mid-stream"),
+        MessageDelta(text="Second"),
+        AssistantMessage(text="Second, whole."),
+        Done(text="Second, whole."),
+    ]
+    if batched:
+        frames = await batcher_frames(events)
+    else:
+        frames = []
+        for event in events:
+            frames.extend(await batcher_frames([event]))
+    updates = [f for f in frames if type(f).__name__ == "TaskStatusUpdateEvent"]
+    assert len(updates) == (1 if batched else len(events))
+
+    def read() -> list[ChildEvent]:
+        decoder = StreamDecoder()
+        decoded = [e for f in updates for e in decoder.decode(StreamResponse(status_update=f))]
+        # The turn's start was not published here; the decoder supplies one.
+        return [e for e in decoded if e.kind != "started"]
+
+    read_back = read()
+    assert read_back == events and [e.uuid for e in read_back] == [e.uuid for e in events]
+    known = decoding._event
+    monkeypatch.setattr(
+        decoding,
+        "_event",
+        lambda kind, *rest: None if kind == "message_restarted" else known(kind, *rest),
+    )
+    assert [e for e in read() if not isinstance(e, MessageDelta)] == events[3:]

@@ -32,6 +32,7 @@ from a2a_orchestrator.models import (
     ModelItem,
     ModelSettings,
     OpenAIModel,
+    Restart,
     ScriptedModel,
     TextDelta,
     ToolCall,
@@ -239,7 +240,15 @@ async def stream_into(model: OpenAIModel, received: list[ModelItem]) -> None:
 
 
 def text_of(items: Sequence[ModelItem]) -> str:
-    return "".join(item.text for item in items if isinstance(item, TextDelta))
+    """The turn's text: the deltas after the last `Restart` (which withdraws those before it)."""
+    restarts = [n for n, item in enumerate(items) if isinstance(item, Restart)]
+    kept = items[restarts[-1] + 1 :] if restarts else items
+    return "".join(item.text for item in kept if isinstance(item, TextDelta))
+
+
+def shapes(items: Sequence[ModelItem]) -> list[ModelItem | str]:
+    """`items` with each `Restart` as the word "restart" (its reason is the endpoint's error)."""
+    return ["restart" if isinstance(item, Restart) else item for item in items]
 
 
 # --- a stream cut short -------------------------------------------------------
@@ -262,8 +271,13 @@ async def test_a_stream_cut_without_finish_reason_is_retried_then_fails(ending: 
     assert "ended its stream without a finish reason" in message
     assert "gave up after 3 attempts" in message and url in message
     assert len(endpoint.requests) == 3
-    # Each retry repeated the text already handed on; it was handed on once.
-    assert received == [TextDelta(text="This is ")]
+    # Each retry began the message again, withdrawing the cut attempt's text
+    # first; the last attempt's failure is the call's, with nothing to withdraw.
+    assert shapes(received) == [TextDelta(text="This is "), "restart"] * 2 + [
+        TextDelta(text="This is ")
+    ]
+    [restart, *_] = [item for item in received if isinstance(item, Restart)]
+    assert "without a finish reason" in restart.reason and url in restart.reason
 
 
 async def test_a_cut_stream_fails_the_child_through_both_transports(
@@ -304,11 +318,11 @@ async def test_a_cut_stream_fails_the_child_through_both_transports(
 # --- dropped and refused connections ---------------------------------------------
 
 
-async def test_a_connection_dropped_mid_stream_is_retried_without_repeating_text() -> None:
+async def test_a_connection_dropped_mid_stream_is_retried_from_the_start() -> None:
     endpoint = ScriptedEndpoint(
         [text("This is "), DROP],
-        # The retry repeats the text already shown, then goes on; the server
-        # also counts its tokens as doubles, as some do.
+        # The retry happens to answer the same (a deterministic endpoint); the
+        # server also counts its tokens as doubles, as some do.
         answer("This is ", "the answer.", tokens=(565.0, 7.0)),
     )
     received: list[ModelItem] = []
@@ -318,28 +332,50 @@ async def test_a_connection_dropped_mid_stream_is_retried_without_repeating_text
                 await stream_into(model, received)
     assert len(endpoint.requests) == 2
     assert endpoint.requests[0] == endpoint.requests[1]  # the same request, resent
-    assert received == [
+    assert shapes(received) == [
+        TextDelta(text="This is "),
+        "restart",
         TextDelta(text="This is "),
         TextDelta(text="the answer."),
         Usage(input_tokens=565, output_tokens=7),
     ]
+    assert text_of(received) == "This is the answer."
+    [restart] = [item for item in received if isinstance(item, Restart)]
+    assert f"model endpoint {url} unreachable" in restart.reason
     usage_item = received[-1]
     assert isinstance(usage_item, Usage) and type(usage_item.input_tokens) is int
 
 
-async def test_a_retry_that_answers_differently_fails_clearly() -> None:
-    endpoint = ScriptedEndpoint([text("This is "), DROP], answer("That was ", "another answer."))
+async def test_a_retry_that_answers_differently_begins_the_message_again() -> None:
+    """A sampling model never answers twice alike: the cut attempt's text is
+    withdrawn and the retry's answer is the call's, whole."""
+    endpoint = ScriptedEndpoint(
+        [text("This is "), DROP], answer("That was ", "another answer.", tokens=(30, 4))
+    )
     received: list[ModelItem] = []
     with anyio.fail_after(20):
         async with serving(endpoint) as url:
             async with OpenAIModel("gpt-test", base_url=url, api_key=None, retries=2) as model:
-                with pytest.raises(ModelError) as info:
-                    await stream_into(model, received)
-    assert "answered differently" in str(info.value)
-    assert "after 8 characters had been handed on" in str(info.value)
-    # Nothing of the second answer reached the runtime, and it was not retried again.
-    assert received == [TextDelta(text="This is ")]
+                await stream_into(model, received)
+    assert shapes(received) == [
+        TextDelta(text="This is "),
+        "restart",
+        TextDelta(text="That was "),
+        TextDelta(text="another answer."),
+        Usage(input_tokens=30, output_tokens=4),
+    ]
+    assert text_of(received) == "That was another answer."
     assert len(endpoint.requests) == 2
+
+
+async def test_a_cut_with_nothing_shown_restarts_nothing() -> None:
+    endpoint = ScriptedEndpoint([chunk({"role": "assistant", "content": ""}), DROP], answer("Hi."))
+    received: list[ModelItem] = []
+    with anyio.fail_after(20):
+        async with serving(endpoint) as url:
+            async with OpenAIModel("gpt-test", base_url=url, api_key=None, retries=1) as model:
+                await stream_into(model, received)
+    assert shapes(received) == [TextDelta(text="Hi."), Usage(input_tokens=42, output_tokens=7)]
 
 
 async def test_a_tool_call_cut_mid_stream_is_retried_whole() -> None:
@@ -361,6 +397,39 @@ async def test_a_tool_call_cut_mid_stream_is_retried_whole() -> None:
     assert received == [
         ToolCall(id="c1", name="read_file", arguments={"path": "a"}),
         Usage(input_tokens=10, output_tokens=2),
+    ]
+
+
+async def test_a_cut_mid_arguments_restarts_the_text_and_never_gives_the_half_call() -> None:
+    """The cut attempt said something and began a call; the retry says
+    something else and calls another file. Only the retry's call comes out,
+    once, whole: a half call is never handed on to be run."""
+
+    def call(index: int, arguments: str, **first: str) -> dict[str, Any]:
+        function = {"arguments": arguments, **({"name": first.pop("name")} if first else {})}
+        return chunk({"tool_calls": [{"index": index, **first, "function": function}]})
+
+    endpoint = ScriptedEndpoint(
+        [text("Reading a. "), call(0, '{"path": "a', id="c1", name="read_file"), DROP],
+        [
+            text("Reading b first. "),
+            call(0, '{"path": ', id="c9", name="read_file"),
+            call(0, '"b"}'),
+            chunk({}, "tool_calls"),
+            usage(12, 3),
+        ],
+    )
+    received: list[ModelItem] = []
+    with anyio.fail_after(20):
+        async with serving(endpoint) as url:
+            async with OpenAIModel("gpt-test", base_url=url, api_key=None, retries=1) as model:
+                await stream_into(model, received)
+    assert shapes(received) == [
+        TextDelta(text="Reading a. "),
+        "restart",
+        TextDelta(text="Reading b first. "),
+        ToolCall(id="c9", name="read_file", arguments={"path": "b"}),
+        Usage(input_tokens=12, output_tokens=3),
     ]
 
 
@@ -461,7 +530,7 @@ async def test_the_timeout_is_for_silence_not_for_a_long_answer() -> None:
     assert len(endpoint.requests) == 1
 
 
-async def test_silence_mid_stream_times_out_and_the_retry_resumes_after_the_shown_text() -> None:
+async def test_silence_mid_stream_times_out_and_the_retry_begins_the_message_again() -> None:
     endpoint = ScriptedEndpoint([text("Thinking"), HANG], answer("Thinking", " done."))
     received: list[ModelItem] = []
     with anyio.fail_after(20):
@@ -471,6 +540,7 @@ async def test_silence_mid_stream_times_out_and_the_retry_resumes_after_the_show
             ) as model:
                 await stream_into(model, received)
     assert text_of(received) == "Thinking done."
+    assert sum(isinstance(item, Restart) for item in received) == 1
     assert len(endpoint.requests) == 2
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import anyio
 import pytest
 from conftest import running_with_args
 
+from a2a_orchestrator import runtime
 from a2a_orchestrator.events import (
     AssistantMessage,
     ChildEvent,
@@ -16,12 +18,21 @@ from a2a_orchestrator.events import (
     Failed,
     InputRequired,
     MessageDelta,
+    MessageRestarted,
     Started,
     ToolCalled,
     ToolResult,
 )
-from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.runtime import Conversation
+from a2a_orchestrator.models import (
+    ChatMessage,
+    ModelItem,
+    Restart,
+    ScriptedModel,
+    TextDelta,
+    ToolSpec,
+    Usage,
+)
+from a2a_orchestrator.runtime import DELTA_INTERVAL, Conversation
 from a2a_orchestrator.tools import Workspace, build_tools
 
 pytestmark = pytest.mark.anyio
@@ -276,6 +287,7 @@ async def test_event_dicts_round_trip() -> None:
     for event in [
         Started(role="r", model="m"),
         MessageDelta(text="d"),
+        MessageRestarted(reason="cut"),
         AssistantMessage(text="t"),
         ToolCalled(call_id="c", tool="t", arguments={"a": 1}),
         ToolResult(call_id="c", tool="t", output="o", success=False),
@@ -302,3 +314,54 @@ async def test_an_answer_to_ask_parent_comes_before_queued_input(tmp_path: Path)
     # The answer is the call's tool result, right after the call; then the rest.
     tail = [(m["role"], m.get("content")) for m in conv.messages[-4:]]
     assert tail[:3] == [("assistant", None), ("tool", "blue"), ("user", "injected")]
+
+
+class CutOnce:
+    """A model whose stream is cut and begun again, as `OpenAIModel` yields
+    it after a dropped connection (the model is the one fake here)."""
+
+    name = "cut-once"
+
+    def __init__(self, *, shown: bool) -> None:
+        self.shown = shown
+        """Whether the first attempt streams long enough for a delta to go out."""
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AsyncIterator[ModelItem]:
+        yield TextDelta(text="Half ")
+        if self.shown:
+            await anyio.sleep(DELTA_INTERVAL * 2)
+        yield TextDelta(text="an answer")
+        yield Restart(reason="model endpoint unreachable mid-stream")
+        yield TextDelta(text="Another, whole answer.")
+        yield Usage(input_tokens=5, output_tokens=4)
+
+
+@pytest.mark.parametrize("shown", [True, False])
+async def test_a_restart_withdraws_what_was_sent_and_the_turn_keeps_the_retry(
+    shown: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not shown:
+        # Nothing goes out before the end of the call, however slow the machine.
+        monkeypatch.setattr(runtime, "DELTA_INTERVAL", 60.0)
+    conv = Conversation(model=CutOnce(shown=shown), system_prompt="You code.")
+    recorder = Recorder()
+    with anyio.fail_after(10):
+        outcome = await conv.run("go", recorder)
+    events = recorder.events
+    assert isinstance(outcome, Done) and outcome.text == "Another, whole answer."
+    withdrawn = [n for n, e in enumerate(events) if isinstance(e, MessageRestarted)]
+    deltas = [e.text for e in events if isinstance(e, MessageDelta)]
+    if shown:
+        # What went out is withdrawn once; what follows is the retry's alone.
+        [at] = withdrawn
+        assert events[at].reason == "model endpoint unreachable mid-stream"
+        assert deltas == ["Half an answer", "Another, whole answer."]
+        assert isinstance(events[at - 1], MessageDelta) and events[at - 1].text == "Half an answer"
+    else:
+        # Nothing had gone out (deltas are coalesced): nothing to withdraw.
+        assert withdrawn == [] and deltas == ["Another, whole answer."]
+    assert [e.text for e in events if isinstance(e, AssistantMessage)] == ["Another, whole answer."]
+    assert conv.messages[-1] == {"role": "assistant", "content": "Another, whole answer."}
+    assert conv.usage == Usage(input_tokens=5, output_tokens=4)

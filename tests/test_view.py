@@ -9,7 +9,17 @@ import anyio.lowlevel
 import pytest
 from rich.console import Console
 
-from a2a_orchestrator.events import ChildEvent, Done, Failed, Started, ToolCalled, ToolResult
+from a2a_orchestrator.events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    MessageDelta,
+    MessageRestarted,
+    Started,
+    ToolCalled,
+    ToolResult,
+)
 from a2a_orchestrator.models.base import Usage
 from a2a_orchestrator.session import RelayedEvent
 from a2a_orchestrator.view import LiveTree
@@ -104,3 +114,45 @@ async def test_elsewhere_each_event_is_one_line_and_the_tree_is_printed_once() -
     assert lines[len(RUN)] == "resume  session 3f2a"
     assert lines[len(RUN) + 1 :] == tree.lines()[1:]
     assert "\x1b" not in out.getvalue()
+
+
+def frame_of(tree: LiveTree) -> str:
+    console = Console(file=StringIO(), width=120)
+    with console.capture() as captured:
+        console.print(tree.tree())
+    return captured.get()
+
+
+async def test_a_restarted_message_replaces_the_half_shown_text_with_a_mark() -> None:
+    """A stream cut mid-answer: on a terminal the withdrawn text leaves the
+    row at once and the message begun again is marked until the child moves
+    on; in a log (no deltas) the withdrawal is one line and the message is marked."""
+    cut = "model endpoint http://127.0.0.1:1/v1 unreachable mid-stream"
+    events = [
+        Started(role="coder"),
+        MessageDelta(text="Draft one: the plan"),
+        MessageRestarted(reason=cut),
+        MessageDelta(text="Second try"),
+        AssistantMessage(text="Second try, whole."),
+        ToolCalled(call_id="c1", tool="read_file", arguments={"path": "a.py"}),
+    ]
+    screen = Console(file=StringIO(), force_terminal=True, width=120)
+    live = LiveTree("run", console=screen)
+    out = StringIO()
+    log = LiveTree("run", out=out)
+    frames = []
+    for event in events:
+        live.update(relayed("code01bb", "coder", event))
+        log.update(relayed("code01bb", "coder", event))
+        frames.append(frame_of(live))
+    assert "Draft one" in frames[1]
+    assert "Draft one" not in frames[2] and "text withdrawn (stream cut; restarted)" in frames[2]
+    assert 'says "Second try" (stream cut; restarted)' in frames[3]
+    assert 'says "Second try, whole." (stream cut; restarted)' in frames[4]
+    assert "restarted" not in frames[5] and "calls read_file a.py" in frames[5]
+    assert out.getvalue().splitlines() == [
+        "[coder code01 remote] started",
+        "[coder code01 remote] text withdrawn (stream cut; restarted)",
+        '[coder code01 remote] says "Second try, whole." (stream cut; restarted)',
+        "[coder code01 remote] calls read_file a.py",
+    ]

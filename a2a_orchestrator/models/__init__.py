@@ -1,6 +1,7 @@
 """Language models behind one small protocol.
 
-`Model` streams text deltas, tool calls and usage. `OpenAIModel` speaks to
+`Model` streams text deltas, tool calls and usage (and a `Restart` when a
+cut stream begins its message again). `OpenAIModel` speaks to
 any OpenAI-compatible `/v1/chat/completions` endpoint; `ScriptedModel`
 replays recorded turns (tests, the offline demo). `resolve_model` picks one
 from a role's model name and `ModelSettings.from_env()`.
@@ -11,6 +12,7 @@ import typing as _typing
 from .base import ChatMessage as ChatMessage
 from .base import Model as Model
 from .base import ModelItem as ModelItem
+from .base import Restart as Restart
 from .base import TextDelta as TextDelta
 from .base import ToolCall as ToolCall
 from .base import ToolSpec as ToolSpec
@@ -50,6 +52,7 @@ __all__ = [
     "ModelItem",
     "ModelSettings",
     "OpenAIModel",
+    "Restart",
     "ScriptFunction",
     "ScriptedModel",
     "ScriptedToolCall",

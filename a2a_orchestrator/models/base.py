@@ -3,6 +3,8 @@
 A model is handed the conversation so far (chat messages in the OpenAI shape,
 which every OpenAI-compatible server and our transcripts share) and the tools
 it may call, and streams back text deltas, complete tool calls and token usage.
+A call that was cut and retried says so with a `Restart`: the text before it
+is withdrawn, and the message begins again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ __all__ = [
     "ChatMessage",
     "Model",
     "ModelItem",
+    "Restart",
     "TextDelta",
     "ToolCall",
     "ToolSpec",
@@ -48,6 +51,16 @@ class TextDelta:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Restart:
+    """The text streamed so far in this call is withdrawn: the stream was cut
+    and the retry begins the message again (its text may differ). Only text
+    goes before a `Restart`; tool calls and usage never do."""
+
+    reason: str
+    """Why the first attempt broke off (the endpoint's error, for logs and views)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolCall:
     """A complete tool call (streamed fragments are joined before it is emitted)."""
 
@@ -75,7 +88,7 @@ class Usage:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
 
 
-ModelItem: TypeAlias = TextDelta | ToolCall | Usage
+ModelItem: TypeAlias = TextDelta | Restart | ToolCall | Usage
 
 
 @runtime_checkable
@@ -94,5 +107,6 @@ class Model(Protocol):
     def stream(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> AsyncIterator[ModelItem]:
-        """Yield the turn's text deltas, tool calls and usage, in order."""
+        """Yield the turn's text deltas, tool calls and usage, in order; a
+        `Restart` withdraws the text deltas yielded before it."""
         ...

@@ -22,13 +22,13 @@ Failure contract (one model call = up to `1 + retries` attempts):
   not a limit on the whole answer: a long answer that keeps flowing is never
   cut. 0 means no limit.
 - Text is handed on as it streams, so a retry may follow text the runtime
-  has already shown. The retry's answer is accepted only if it starts with
-  exactly that text (a deterministic endpoint, temperature 0, a cache); the
-  repeated part is not handed on again, so the turn's text is always one
-  complete answer of the endpoint. A retry that answers differently fails
-  the call with `ModelError`: repeating or contradicting text already shown
-  would be worse. Tool calls and usage are handed on only once the finish
-  reason arrived, so they never precede a retry.
+  has already shown. A retry begins the message again: before the next
+  attempt a `Restart` withdraws the text handed on so far, and the retry's
+  answer streams whole, whatever its words (a sampling model rarely repeats
+  itself; the same words are just as fine). So the turn's text is always
+  one complete answer of the endpoint. Tool calls and usage are handed on
+  only once the finish reason arrived, so a call whose arguments were cut
+  is never run, and none precedes a retry.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import anyio
 import openai
 
 from ..errors import ModelError
-from .base import ChatMessage, ModelItem, TextDelta, ToolCall, ToolSpec, Usage
+from .base import ChatMessage, ModelItem, Restart, TextDelta, ToolCall, ToolSpec, Usage
 from .limits import DEFAULT_RETRIES, DEFAULT_TIMEOUT, check_retries, check_timeout
 
 __all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT", "OpenAIModel", "check_retries", "check_timeout"]
@@ -94,7 +94,8 @@ class OpenAIModel:
     """A chat model behind an OpenAI-compatible `/v1/chat/completions` endpoint.
 
     `stream()` sends one streaming request and yields, in order: a `TextDelta`
-    for every content delta, each complete `ToolCall` once the choice finishes
+    for every content delta (a `Restart` before a retry withdraws those the
+    cut attempt yielded), each complete `ToolCall` once the choice finishes
     (fragments joined by index; arguments that are not valid JSON arrive as
     `{"_raw": text}`), and the `Usage` when the endpoint reports it (whole
     numbers of tokens). Failures are retried as the module docstring says;
@@ -205,8 +206,8 @@ class OpenAIModel:
             "tools": tool_params,
             "timeout": _http_timeout(self._timeout),
         }
-        # Text already handed on; a retry must repeat it before it may add to it.
-        shown: list[str] = []
+        # Whether this attempt's text was handed on: a retry then withdraws it.
+        shown = False
         attempt = 0
         while True:
             logger.debug(
@@ -215,11 +216,10 @@ class OpenAIModel:
                 self._base_url,
                 attempt + 1,
             )
-            items = self._attempt(request, "".join(shown))
+            items = self._attempt(request)
             try:
                 async for item in items:
-                    if isinstance(item, TextDelta):
-                        shown.append(item.text)
+                    shown = shown or isinstance(item, TextDelta)
                     yield item
                 return
             except _Retryable as failure:
@@ -230,6 +230,7 @@ class OpenAIModel:
                     raise ModelError(
                         f"{failure.error} ({tried})", kind=failure.error.kind
                     ) from failure.__cause__
+                cut = failure.error
                 delay = _backoff(attempt, failure.retry_after)
                 logger.warning(
                     "%s; retry %d of %d in %.1f s", failure.error, attempt + 1, self._retries, delay
@@ -238,15 +239,17 @@ class OpenAIModel:
                 # Closes the attempt's HTTP response at once, also when the
                 # consumer stopped early (GeneratorExit at the yield above).
                 await items.aclose()
+            if shown:
+                # Said before the backoff, so a view replaces the half-shown
+                # text at once rather than after the wait.
+                yield Restart(reason=str(cut))
+                shown = False
             await anyio.sleep(delay)
             attempt += 1
 
-    async def _attempt(
-        self, request: dict[str, Any], shown: str
-    ) -> AsyncGenerator[ModelItem, None]:
-        """One request: its items, without the first `len(shown)` characters
-        of text (which it must repeat exactly). Raises `_Retryable` for what
-        another attempt may fix, `ModelError` for the rest."""
+    async def _attempt(self, request: dict[str, Any]) -> AsyncGenerator[ModelItem, None]:
+        """One request: its items. Raises `_Retryable` for what another
+        attempt may fix, `ModelError` for the rest."""
         try:
             stream = await self._client.chat.completions.create(**request)
         except openai.OpenAIError as exc:
@@ -264,16 +267,12 @@ class OpenAIModel:
                             continue
                         delta = choice.delta
                         if delta is not None and delta.content:
-                            fresh = self._past_shown(shown, received, delta.content)
                             received += len(delta.content)
-                            if fresh:
-                                yield TextDelta(text=fresh)
+                            yield TextDelta(text=delta.content)
                         if delta is not None and delta.tool_calls:
                             _collect(pending, delta.tool_calls)
                         if choice.finish_reason is not None and not finished:
                             finished = True
-                            if received < len(shown):
-                                raise self._diverged(len(shown))
                             for call in _complete(pending):
                                 yield call
                             pending.clear()
@@ -303,24 +302,6 @@ class OpenAIModel:
         finally:
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await stream.close()
-
-    def _past_shown(self, shown: str, received: int, text: str) -> str:
-        """The part of `text` (streamed after `received` characters) that was
-        not handed on yet; raises `ModelError` if it contradicts what was."""
-        if received >= len(shown):
-            return text
-        overlap = shown[received : received + len(text)]
-        if not text.startswith(overlap):
-            raise self._diverged(len(shown))
-        return text[len(overlap) :]
-
-    def _diverged(self, shown: int) -> ModelError:
-        return ModelError(
-            f"model endpoint {self._base_url} broke off its stream (model {self._model!r}) "
-            f"after {shown} characters had been handed on, and the retry answered "
-            "differently; the call fails rather than repeat or contradict text already shown",
-            kind="diverged",
-        )
 
     def _translate(
         self, exc: openai.OpenAIError | ValueError, *, received: int | None = None
