@@ -1,0 +1,164 @@
+"""An agent's question (`ask_parent`) in `run`: answered on a terminal, told
+nobody can answer in a pipe; the run goes on to TASK_DONE either way.
+
+Real subprocesses of the CLI; the only fake is the model (each role of the
+pipeline replays its own script, from role files in the work directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from a2a_orchestrator.questions import NO_ANSWER
+
+CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
+
+OFFLINE = {
+    "A2A_MODEL_BASE_URL": "",
+    "A2A_MODEL_API_KEY": "",
+    "OPENAI_BASE_URL": "",
+    "OPENAI_API_KEY": "",
+    "A2A_MODEL_SCRIPT": "",
+}
+
+QUESTION = "Should the greeting be in English or in French?"
+DESIGN = (
+    "## Approach\nA hello module, as the requester answered.\n\n## Components\n- hello.py\n\n"
+    "## Design decisions\n- the language the requester chose\n\n## Risks\n- none"
+)
+
+SCRIPTS = {
+    "architect": [
+        {"tool_calls": [{"name": "ask_parent", "arguments": {"question": QUESTION}}]},
+        {"text": DESIGN},
+    ],
+    "coder": [{"text": "Implemented the design.\nTASK_DONE"}],
+    "reviewer": [{"text": "It matches the design.\nTASK_DONE"}],
+}
+TOOLS = {"architect": "[list_files, ask_parent]", "coder": "[list_files]", "reviewer": "[grep]"}
+
+
+def project(root: Path) -> Path:
+    """A work directory whose roles replay their scripts (the architect asks first)."""
+    roles = root / "roles"
+    roles.mkdir(parents=True)
+    for role, turns in SCRIPTS.items():
+        script = root / f"{role}.json"
+        script.write_text(json.dumps(turns))
+        (roles / f"{role}.md").write_text(
+            f"---\nname: {role}\ndescription: the {role} of this test\n"
+            f"model: scripted:{script}\ntools: {TOOLS[role]}\nmax_turns: 4\ntimeout: 60\n---\n"
+            f"You are the {role}.\n"
+        )
+    return root
+
+
+def architect_inputs(root: Path, session: str) -> list[str]:
+    """The architect's inputs as the store has them: its task, then the answer."""
+    events = subprocess.run(
+        [*CLI, "events", session, "--jsonl"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+        env={**os.environ, **OFFLINE},
+    )
+    assert events.returncode == 0, events.stderr
+    rows = [json.loads(line) for line in events.stdout.splitlines()]
+    architect = next(r["child_id"] for r in rows if r.get("kind") == "started" and r["child_id"])
+    return [
+        r["payload"]["text"] for r in rows if r["child_id"] == architect and r["kind"] == "input"
+    ]
+
+
+def test_a_question_in_a_pipe_is_told_nobody_answers_and_the_run_goes_on(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    run = subprocess.run(
+        [*CLI, "run", "Add a hello module"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        env={**os.environ, **OFFLINE},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "signal: TASK_DONE" in run.stdout
+    assert "architect (architect, " in run.stdout and f"asks: {QUESTION}" in run.stdout
+    session = re.search(r"session ([0-9a-f]{32})", run.stdout).group(1)  # type: ignore[union-attr]
+    inputs = architect_inputs(root, session)
+    # Its second input is the `ask_parent` call's result: nobody could answer.
+    assert len(inputs) == 2 and inputs[1] == NO_ANSWER
+    design = root / ".a2a" / "tasks"
+    assert DESIGN in next(design.glob("*/architect.txt")).read_text()
+
+
+def test_no_input_answers_for_nobody_even_on_a_terminal(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    output, code = on_terminal(root, ["run", "Add a hello module", "--no-input"], answer=None)
+    assert code == 0, output
+    assert f"asks: {QUESTION}" in output and "signal: TASK_DONE" in output
+    session = re.search(r"session ([0-9a-f]{32})", output).group(1)  # type: ignore[union-attr]
+    assert architect_inputs(root, session)[1:] == [NO_ANSWER]
+
+
+def test_a_question_on_a_terminal_is_answered_by_the_person(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    output, code = on_terminal(root, ["run", "Add a hello module"], answer="French, please")
+    assert code == 0, output
+    assert f"asks: {QUESTION}" in output and "signal: TASK_DONE" in output
+    session = re.search(r"session ([0-9a-f]{32})", output).group(1)  # type: ignore[union-attr]
+    # The answer went back as the call's result: the architect's next turn read it.
+    assert architect_inputs(root, session)[1:] == ["French, please"]
+
+
+def on_terminal(root: Path, args: list[str], *, answer: str | None) -> tuple[str, int]:
+    """Run the CLI on a pseudo-terminal; type `answer` when it asks. Its
+    whole output (escape sequences stripped) and exit code."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [*CLI, *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=root,
+        env={**os.environ, **OFFLINE, "TERM": "xterm", "COLUMNS": "160", "LINES": "40"},
+        close_fds=True,
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    typed = False
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the child closed the terminal (EIO)
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            seen = b"".join(chunks)
+            if answer is not None and not typed and b"answer (one line" in seen:
+                os.write(master, answer.encode() + b"\n")
+                typed = True
+            if process.poll() is not None and not ready:
+                break
+        process.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+    text = b"".join(chunks).decode(errors="replace")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "")
+    assert answer is None or typed, f"it never asked:\n{text}"
+    return text, process.returncode
