@@ -162,3 +162,44 @@ def on_terminal(root: Path, args: list[str], *, answer: str | None) -> tuple[str
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "")
     assert answer is None or typed, f"it never asked:\n{text}"
     return text, process.returncode
+
+
+def test_a_parent_agents_own_question_in_a_pipe_goes_on(tmp_path: Path) -> None:
+    """`run --parent`: the parent is the root, so its question is the person's."""
+    root = project(tmp_path)
+    script = root / "asker.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "ask_parent", "arguments": {"question": QUESTION}}]},
+                {"text": "Went on with English.\nTASK_DONE"},
+            ]
+        )
+    )
+    (root / "roles" / "asker.md").write_text(
+        # The parent plays `default` (A2A_MODEL_SCRIPT offline), not its role's model.
+        "---\nname: asker\ndescription: a parent that asks\nmodel: default\n"
+        "tools: [agent, ask_parent]\nmax_turns: 4\ntimeout: 60\n---\nYou delegate.\n"
+    )
+    run = subprocess.run(
+        [*CLI, "run", "Add a hello module", "--parent", "--role", "asker"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        env={**os.environ, **OFFLINE, "A2A_MODEL_SCRIPT": str(script)},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"asker asks: {QUESTION}" in run.stdout and "Went on with English." in run.stdout
+    session = re.search(r"session ([0-9a-f]{32})", run.stdout).group(1)  # type: ignore[union-attr]
+    events = subprocess.run(
+        [*CLI, "events", session, "--jsonl"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+        env={**os.environ, **OFFLINE},
+    )
+    rows = [json.loads(line) for line in events.stdout.splitlines()]
+    inputs = [r["payload"]["text"] for r in rows if not r["child_id"] and r["kind"] == "input"]
+    assert inputs == ["Add a hello module", NO_ANSWER]
