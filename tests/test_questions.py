@@ -1,6 +1,10 @@
 """An agent's question (`ask_parent`) in `run`: answered on a terminal, told
 nobody can answer in a pipe; the run goes on to TASK_DONE either way.
 
+Over A2A (`serve orchestrator`, a stock a2a-sdk client) the task goes
+INPUT_REQUIRED with the question and the caller's next message answers it;
+in the web view a box answers it.
+
 Real subprocesses of the CLI; the only fake is the model (each role of the
 pipeline replays its own script, from role files in the work directory)."""
 
@@ -16,6 +20,16 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
+import httpx
+import pytest
+from a2a.helpers import get_message_text
+from a2a.types import TaskState
+from conftest import a2a_client
+from test_cli import serve_process
+from test_server import collect, user_message
+
+from a2a_orchestrator.events import Done
 from a2a_orchestrator.questions import NO_ANSWER
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
@@ -203,3 +217,85 @@ def test_a_parent_agents_own_question_in_a_pipe_goes_on(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in events.stdout.splitlines()]
     inputs = [r["payload"]["text"] for r in rows if not r["child_id"] and r["kind"] == "input"]
     assert inputs == ["Add a hello module", NO_ANSWER]
+
+
+TOKEN = "questions-test-token"
+
+
+def _asked(responses: list) -> tuple[str, str, dict]:  # type: ignore[type-arg]
+    """The task and context of a stream that ended INPUT_REQUIRED, and its question's data."""
+    last = responses[-1].status_update
+    assert last.status.state == TaskState.TASK_STATE_INPUT_REQUIRED, last
+    message = last.status.message
+    assert get_message_text(message).endswith(f"asks: {QUESTION}")
+    data = {k: v.string_value for k, v in message.parts[1].data.struct_value.fields.items()}
+    return last.task_id, last.context_id, data
+
+
+@pytest.mark.anyio
+async def test_over_a2a_a_question_is_input_required_and_the_next_message_answers(
+    tmp_path: Path,
+) -> None:
+    root = project(tmp_path)
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN}
+    with anyio.fail_after(90):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                first, _ = await collect(client, user_message("Add a hello module"))
+                task_id, context_id, data = _asked(first)
+                answer = user_message("French, please", task_id=task_id, context_id=context_id)
+                second, events = await collect(client, answer)
+    assert data["question"] == QUESTION and data["agent"] == "architect"
+    assert data["role"] == "architect" and data["childId"]
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    done = events[-1]
+    assert isinstance(done, Done) and done.text.startswith("TASK_DONE")
+    # The answer was the architect's `ask_parent` result, in its own conversation.
+    assert architect_inputs(root, context_id)[1:] == ["French, please"]
+
+
+@pytest.mark.anyio
+async def test_the_web_view_shows_a_question_and_its_box_answers_it(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN}
+    with anyio.fail_after(90):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                first, _ = await collect(client, user_message("Add a hello module"))
+            task_id, context_id, data = _asked(first)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                login = await http.post("/ui/login", data={"token": TOKEN})
+                assert login.status_code == 303
+                page = await http.get(f"/ui/sessions/{context_id}")
+                csrf = re.search(r'<meta name="csrf-token" content="([0-9a-f]+)">', page.text)
+                box = re.search(r'<form class="question" [^>]*data-answer="([^"]+)"', page.text)
+                assert csrf is not None and box is not None, page.text
+                target = box.group(1)
+                forged = await http.post(target, json={"answer": "German"})
+                empty = await http.post(
+                    target, json={"answer": "  "}, headers={"X-CSRF-Token": csrf.group(1)}
+                )
+                answered = await http.post(
+                    target,
+                    json={"answer": "French, please"},
+                    headers={"X-CSRF-Token": csrf.group(1)},
+                )
+                again = await http.post(
+                    target, json={"answer": "English"}, headers={"X-CSRF-Token": csrf.group(1)}
+                )
+                # The run goes on without the A2A caller: it ends, and its
+                # task's next message finds it ended.
+                async with a2a_client(url, token=TOKEN) as client:
+                    follow = user_message("thanks", task_id=task_id, context_id=context_id)
+                    second, events = await collect(client, follow)
+                after = await http.get(f"/ui/sessions/{context_id}")
+    assert f'asks: <span class="text">{QUESTION}</span>' in page.text
+    assert "architect (architect, " in page.text
+    assert target.endswith(f"/questions/{data['questionId']}")
+    assert forged.status_code == 403 and empty.status_code == 400
+    assert answered.status_code == 200 and answered.json() == {"answered": True}
+    assert again.status_code == 409
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert isinstance(events[-1], Done) and events[-1].text.startswith("TASK_DONE")
+    assert 'class="question"' not in after.text
+    assert architect_inputs(root, context_id)[1:] == ["French, please"]
