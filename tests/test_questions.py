@@ -15,6 +15,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import anyio
 import httpx
 import pytest
 from a2a.helpers import get_message_text
-from a2a.types import TaskState
+from a2a.types import CancelTaskRequest, TaskState
 from conftest import a2a_client
 from test_cli import serve_process
 from test_server import collect, user_message
@@ -299,3 +300,80 @@ async def test_the_web_view_shows_a_question_and_its_box_answers_it(tmp_path: Pa
     assert isinstance(events[-1], Done) and events[-1].text.startswith("TASK_DONE")
     assert 'class="question"' not in after.text
     assert architect_inputs(root, context_id)[1:] == ["French, please"]
+
+
+@pytest.mark.anyio
+async def test_canceling_a_task_that_asked_stops_its_run(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN}
+    with anyio.fail_after(90):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                first, _ = await collect(client, user_message("Add a hello module"))
+                task_id, context_id, _data = _asked(first)
+                canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
+                async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                    headers = {"Authorization": f"Bearer {TOKEN}"}
+                    # The architect stops as its run is canceled (not at once).
+                    for _ in range(100):
+                        listed = await http.get(
+                            f"/api/sessions/{context_id}/children", headers=headers
+                        )
+                        states = {c["role"]: c["status"] for c in listed.json()["children"]}
+                        if states.get("architect") != "input_required":
+                            break
+                        await anyio.sleep(0.1)
+                    page = await http.get(f"/ui/sessions/{context_id}", headers=headers)
+    assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+    # Only the architect had started, and it is stopped; no later pass ran.
+    assert states == {"architect": "failed"}
+    assert 'class="question"' not in page.text
+
+
+def test_resume_asks_again_a_question_left_unanswered(tmp_path: Path) -> None:
+    """`run` interrupted at the question; `resume` in a pipe asks it again,
+    is told nobody can answer, and the pipeline ends TASK_DONE."""
+    root = project(tmp_path)
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [*CLI, "run", "Add a hello module"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=root,
+        env={**os.environ, **OFFLINE, "TERM": "xterm", "COLUMNS": "160"},
+        close_fds=True,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"answer (one line" not in seen and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                seen += os.read(master, 65536)
+        assert b"answer (one line" in seen, seen.decode(errors="replace")
+        process.send_signal(signal.SIGINT)  # Ctrl-C while it waits for the person
+        while process.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:  # the child closed the terminal (EIO)
+                    break
+        assert process.wait(timeout=30) == 130, seen.decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+    session = re.search(rb"session ([0-9a-f]{32})", seen).group(1).decode()  # type: ignore[union-attr]
+    resumed = subprocess.run(
+        [*CLI, "resume", session],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        env={**os.environ, **OFFLINE},
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"asks: {QUESTION}" in resumed.stdout and "signal: TASK_DONE" in resumed.stdout
+    assert architect_inputs(root, session)[1:] == [NO_ANSWER]

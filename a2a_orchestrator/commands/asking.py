@@ -9,6 +9,7 @@ agent states its assumption and goes on. Either way the run goes on.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
@@ -31,12 +32,21 @@ def interactive(no_input: bool) -> bool:
     return not no_input and sys.stdin.isatty() and sys.stdout.isatty()
 
 
+async def _read_line() -> str:
+    """One line the person typed ("" at the end of input). Waited for on the
+    event loop, not in a thread: a thread blocked in a read would keep the
+    process alive after Ctrl-C until the next line."""
+    fd = sys.stdin.fileno()
+    await anyio.wait_readable(fd)
+    # A terminal in canonical mode is readable once a whole line is typed.
+    return os.read(fd, 64 * 1024).decode(errors="replace")
+
+
 async def _read_answer(question: Question) -> str:
     say(f"\n? {question.describe()}")
     while True:
         say("answer (one line; an empty line repeats the question, Ctrl-D: no answer)> ")
-        # A blocking read off the event loop; abandoned if the run ends first.
-        line = await anyio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+        line = await _read_line()
         if not line:  # end of input: nobody will answer
             say("(no answer: the agent goes on with its own assumption)")
             return NO_ANSWER
