@@ -49,10 +49,11 @@ DESIGN = (
     "## Design decisions\n- the language the requester chose\n\n## Risks\n- none"
 )
 
+DESIGN_TURN = {"text": DESIGN}
 SCRIPTS = {
     "architect": [
         {"tool_calls": [{"name": "ask_parent", "arguments": {"question": QUESTION}}]},
-        {"text": DESIGN},
+        DESIGN_TURN,
     ],
     "coder": [{"text": "Implemented the design.\nTASK_DONE"}],
     "reviewer": [{"text": "It matches the design.\nTASK_DONE"}],
@@ -60,11 +61,13 @@ SCRIPTS = {
 TOOLS = {"architect": "[list_files, ask_parent]", "coder": "[list_files]", "reviewer": "[grep]"}
 
 
-def project(root: Path) -> Path:
-    """A work directory whose roles replay their scripts (the architect asks first)."""
+def project(root: Path, *, delay: float = 0) -> Path:
+    """A work directory whose roles replay their scripts (the architect asks
+    first, after `delay` seconds)."""
     roles = root / "roles"
     roles.mkdir(parents=True)
-    for role, turns in SCRIPTS.items():
+    scripts = {**SCRIPTS, "architect": [{**SCRIPTS["architect"][0], "delay": delay}, DESIGN_TURN]}
+    for role, turns in scripts.items():
         script = root / f"{role}.json"
         script.write_text(json.dumps(turns))
         (roles / f"{role}.md").write_text(
@@ -377,3 +380,69 @@ def test_resume_asks_again_a_question_left_unanswered(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"asks: {QUESTION}" in resumed.stdout and "signal: TASK_DONE" in resumed.stdout
     assert architect_inputs(root, session)[1:] == [NO_ANSWER]
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's `chromium` package (/usr/bin/chromium): apt-get install chromium",
+)
+async def test_a_browser_answers_a_question_that_arrives_while_the_page_is_open(
+    tmp_path: Path,
+) -> None:
+    from playwright.async_api import async_playwright, expect
+    from test_ui import BROWSER_ARGS
+
+    # The architect asks after ten seconds: the page is open by then (its
+    # HTML has no box), so the box comes over the page's stream, built by
+    # its script.
+    root = project(tmp_path, delay=10)
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN}
+    responses: list = []  # type: ignore[type-arg]
+    with anyio.fail_after(150):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client, anyio.create_task_group() as tg:
+
+                async def send() -> None:
+                    async for response in client.send_message(user_message("Add a hello module")):
+                        responses.append(response)
+
+                tg.start_soon(send)
+                while not responses:
+                    await anyio.sleep(0.05)
+                first = responses[0]
+                context_id = first.task.context_id if first.HasField("task") else ""
+                context_id = context_id or first.status_update.context_id
+                async with async_playwright() as playwright:
+                    browser = await playwright.chromium.launch(
+                        executable_path=str(CHROMIUM), args=BROWSER_ARGS
+                    )
+                    page = await browser.new_page()
+                    expect.set_options(timeout=30_000)
+                    await page.goto(f"{url}/ui/sessions/{context_id}")
+                    await page.fill('input[name="token"]', TOKEN)
+                    await page.click('button[type="submit"]')
+                    opened = await page.goto(f"{url}/ui/sessions/{context_id}")
+                    assert opened is not None and 'class="question"' not in await opened.text()
+                    await expect(page.locator("#live")).to_have_text("live")
+                    box = page.locator("form.question")
+                    await expect(box).to_have_count(1)
+                    await expect(box.locator(".text")).to_have_text(QUESTION)
+                    await expect(box.locator(".who")).to_contain_text("architect (architect, ")
+                    await box.locator("textarea").fill("French, please")
+                    await box.locator("button").click()
+                    await expect(page.locator("#notice")).to_have_text("answered")
+                    await expect(box).to_have_count(0)
+                    rows = page.locator("#tree tbody tr")
+                    await expect(rows).to_have_count(3)
+                    for index in range(3):
+                        await expect(rows.nth(index).locator(".status")).to_have_text("completed")
+                    await browser.close()
+                # The caller's stream ended at the question; the run went on.
+                tg.cancel_scope.cancel()
+    assert responses[-1].status_update.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert architect_inputs(root, context_id)[1:] == ["French, please"]
