@@ -10,11 +10,13 @@ the parent agent's conversation. A pipeline pass that asks (`ask_parent`)
 puts its question to the caller: the task goes INPUT_REQUIRED with the
 question and who asks (a data part), the pipeline waits in the background,
 and the caller's next message on that task is the answer (`questions.py`:
-the web view may answer it too; the first answer counts). The orchestrator's own progress travels as
-child events (the same wire mapping as a role server, so it can itself be a
-child of another orchestrator), and every child's event as a WORKING status
-update with `kind = child_event` and a data part naming the child. The HTTP
-control API (`api.py`) is served beside the A2A endpoint.
+the web view may answer it too; the first answer counts).
+
+The orchestrator's own progress travels as child events (the same wire
+mapping as a role server, so it can itself be a child of another
+orchestrator), and every child's event as a WORKING status update with
+`kind = child_event` and a data part naming the child. The HTTP control API
+(`api.py`) is served beside the A2A endpoint.
 
 Sessions are held open by a task group the server's lifespan owns, so
 children outlive the request that spawned them; a session closes when no

@@ -47,10 +47,14 @@ class Question:
     """The asking agent's name (a pass of the pipeline: its agent)."""
     role: str
 
+    @property
+    def who(self) -> str:
+        """Who asks, as a person reads it: `AGENT (ROLE, CHILD)`, or the parent agent's name."""
+        return f"{self.agent} ({self.role}, {self.child_id[:6]})" if self.child_id else self.agent
+
     def describe(self) -> str:
         """The question as a person reads it, with who asks."""
-        who = f"{self.agent} ({self.role}, {self.child_id[:6]})" if self.child_id else self.agent
-        return f"{who} asks: {self.text}"
+        return f"{self.who} asks: {self.text}"
 
 
 @dataclass(eq=False)

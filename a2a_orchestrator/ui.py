@@ -323,7 +323,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
             {
                 "id": q.id,
                 "text": q.text,
-                "who": q.describe().removesuffix(f" asks: {q.text}"),
+                "who": q.who,
                 "child_id": q.child_id,
             }
             for q in session.questions.pending()

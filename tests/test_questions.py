@@ -31,7 +31,7 @@ from test_cli import serve_process
 from test_server import collect, user_message
 
 from a2a_orchestrator.events import Done
-from a2a_orchestrator.questions import NO_ANSWER
+from a2a_orchestrator.questions import NO_ANSWER, Questions
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 
@@ -94,6 +94,31 @@ def architect_inputs(root: Path, session: str) -> list[str]:
     return [
         r["payload"]["text"] for r in rows if r["child_id"] == architect and r["kind"] == "input"
     ]
+
+
+@pytest.mark.anyio
+async def test_the_first_answer_counts_and_a_canceled_ask_withdraws_its_question() -> None:
+    questions = Questions()
+    answers: list[str] = []
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+
+            async def ask(text: str, child_id: str) -> None:
+                answers.append(await questions.ask(text, child_id=child_id, agent="a", role="r"))
+
+            tg.start_soon(ask, "first?", "child-1")
+            theirs = await questions.wait_pending(lambda q: q.child_id == "child-1")
+            tg.start_soon(ask, "second?", "child-2")
+            other = await questions.wait_pending(lambda q: q.child_id == "child-2")
+            assert [q.text for q in questions.pending()] == ["first?", "second?"]
+            assert theirs.describe() == "a (r, child-) asks: first?"
+            assert questions.answer(theirs.id, "yes") is True
+            assert questions.answer(theirs.id, "no") is False  # answered already
+            while not answers:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()  # the second ask is withdrawn
+    assert answers == ["yes"]
+    assert questions.pending() == [] and questions.answer(other.id, "late") is False
 
 
 def test_a_question_in_a_pipe_is_told_nobody_answers_and_the_run_goes_on(tmp_path: Path) -> None:
