@@ -19,7 +19,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -31,7 +33,15 @@ from test_cli import serve_process
 from test_server import collect, user_message
 
 from a2a_orchestrator.events import Done
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.pipeline import Brief, Pipeline, TaskSpec
 from a2a_orchestrator.questions import NO_ANSWER, Questions
+from a2a_orchestrator.records import RecordKind
+from a2a_orchestrator.roles import find_role
+from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.session import Session
+from a2a_orchestrator.store import Store
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 
@@ -119,6 +129,64 @@ async def test_the_first_answer_counts_and_a_canceled_ask_withdraws_its_question
             tg.cancel_scope.cancel()  # the second ask is withdrawn
     assert answers == ["yes"]
     assert questions.pending() == [] and questions.answer(other.id, "late") is False
+
+
+def _by_role(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The turn of the role whose prompt the conversation has (in-process passes)."""
+    role = next(r for r in SCRIPTS if f"You are the {r}" in messages[0]["content"])
+    return SCRIPTS[role][sum(1 for m in messages if m["role"] == "assistant")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["remote", "local"])
+async def test_a_pipeline_pass_asks_and_the_answer_goes_back_on_either_transport(
+    tmp_path: Path, transport: str
+) -> None:
+    """The same question, answered through `session.questions`, whether the
+    architect is a role server or an in-process child."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    with anyio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            specs = []
+            for name in SCRIPTS:
+                url = ""
+                if transport == "remote":
+                    server = await stack.enter_async_context(
+                        run_role_server(
+                            find_role(name),
+                            ScriptedModel(SCRIPTS[name]),
+                            workdir,
+                            db=str(tmp_path / f"{name}.db"),
+                        )
+                    )
+                    url = server.url
+                specs.append(AgentSpec(name=name, role=name, url=url or None))
+            store = Store(tmp_path / "orchestrator.db")
+            stack.callback(store.close)
+            session = await stack.enter_async_context(
+                Session(
+                    store,
+                    workdir=workdir,
+                    network=Network.of(*specs),
+                    models=lambda _name: ScriptedModel(_by_role),
+                )
+            )
+            brief = Brief(task=TaskSpec(id="T1", title="hello", description="Add a hello module"))
+            asked = []
+
+            async def answer() -> None:
+                question = await session.questions.wait_pending()
+                asked.append(question)
+                session.questions.answer(question.id, "French, please")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(answer)
+                result = await Pipeline(session, brief).run()
+            inputs = await store.events(session.id, child_id=asked[0].child_id, kinds=["input"])
+    assert result.signal == "TASK_DONE" and result.architect_output == DESIGN
+    assert (asked[0].text, asked[0].agent, asked[0].role) == (QUESTION, "architect", "architect")
+    assert inputs[-1].kind == RecordKind.INPUT and inputs[-1].payload["text"] == "French, please"
 
 
 def test_a_question_in_a_pipe_is_told_nobody_answers_and_the_run_goes_on(tmp_path: Path) -> None:
