@@ -134,6 +134,16 @@ def _access_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _input_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-input",
+        action="store_true",
+        help="never ask at the terminal: an agent's question (ask_parent) is answered that "
+        "nobody can answer now, and it goes on with its own assumption (the default "
+        "without a terminal)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a2a-orchestrator",
@@ -195,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="spawn policy file (default .a2a/policy.toml)",
     )
+    _input_option(run)
     _store_option(run)
     _sandbox_options(run)
 
@@ -455,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the project directory (default: the one `run` recorded, else .)",
     )
+    _input_option(resume)
     _store_option(resume)
     _sandbox_options(resume)
     return parser

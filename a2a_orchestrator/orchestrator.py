@@ -6,11 +6,17 @@ the message's text; `delegate` hands the text to a parent agent (role
 with message metadata `{"a2a_orchestrator.mode": "pipeline" | "delegate"}`.
 
 One A2A context is one session: a follow-up in the same context continues
-the parent agent's conversation. The orchestrator's own progress travels as
-child events (the same wire mapping as a role server, so it can itself be a
-child of another orchestrator), and every child's event as a WORKING status
-update with `kind = child_event` and a data part naming the child. The HTTP
-control API (`api.py`) is served beside the A2A endpoint.
+the parent agent's conversation. A pipeline pass that asks (`ask_parent`)
+puts its question to the caller: the task goes INPUT_REQUIRED with the
+question and who asks (a data part), the pipeline waits in the background,
+and the caller's next message on that task is the answer (`questions.py`:
+the web view may answer it too; the first answer counts).
+
+The orchestrator's own progress travels as child events (the same wire
+mapping as a role server, so it can itself be a child of another
+orchestrator), and every child's event as a WORKING status update with
+`kind = child_event` and a data part naming the child. The HTTP control API
+(`api.py`) is served beside the A2A endpoint.
 
 Sessions are held open by a task group the server's lifespan owns, so
 children outlive the request that spawned them; a session closes when no
@@ -54,9 +60,10 @@ from .hooks import Hooks
 from .models.base import Model
 from .network import Network
 from .parent import ParentAgent
-from .pipeline import Brief, Pipeline, PipelineError, TaskSpec
+from .pipeline import Brief, Pipeline, PipelineCancelled, PipelineError, TaskSpec
 from .policy import SpawnPolicy
 from .push import PushPolicy
+from .questions import Question
 from .reactions import Reaction, Reactions
 from .server import (
     RunningServer,
@@ -92,6 +99,8 @@ logger = logging.getLogger(__name__)
 
 MODE_KEY = "a2aOrchestrator.mode"
 MODES = ("pipeline", "delegate")
+_UNFOLLOWED = 1000
+"""Endings of runs answered from the web view kept for their task's next message."""
 
 
 def build_orchestrator_card(
@@ -150,9 +159,18 @@ class _TaskRun:
 
     task_id: str
     scope: anyio.CancelScope
-    """Cancelled when the server stops (the task ends as `lost`)."""
+    """Cancelled when the server stops (the task ends as `lost`): the scope
+    of the request following the task now."""
     run: Run | None = None
     """What it runs, once it started one (cancel goes there)."""
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    """A pipeline run in the background has ended (`ending` says how)."""
+    ending: ChildEvent | None = None
+    asks: Callable[[Question], bool] | None = None
+    """Which of the session's questions are this run's (a pipeline's, in the
+    background while its task waits for the answer)."""
+    following: bool = True
+    """A request follows the task now (one, or none while it is INPUT_REQUIRED)."""
 
 
 @dataclass(eq=False)
@@ -262,6 +280,11 @@ class _Host:
             task.scope.cancel()
         record.release.set()
 
+    def hold(self, record: _SessionRecord) -> None:
+        """One more user of an open session (a run that outlives its request);
+        `release` it as a request's."""
+        record.users += 1
+
     def release(self, record: _SessionRecord) -> None:
         """One request is done with the session; it closes once no request
         uses it and no child of it is running (maybe later, when they end)."""
@@ -311,6 +334,8 @@ class OrchestratorExecutor(AgentExecutor):
         self.hooks = hooks or Hooks()
         self.max_concurrent = max_concurrent
         self._parent_lock = anyio.Lock()
+        self._unfollowed: dict[str, ChildEvent] = {}
+        """Task id -> how its run ended while no request followed the task."""
         self.host = _Host(
             lambda session_id: Session(
                 store,
@@ -402,14 +427,39 @@ class OrchestratorExecutor(AgentExecutor):
             return
         session = record.session
         assert session is not None  # acquire gives an open session
+        run = record.tasks.get(task_id)
+        waiting = task is not None and task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+        ending = self._unfollowed.pop(task_id, None)
+        if waiting and run is None and ending is not None:
+            # Answered elsewhere (the web view), it ended while nobody
+            # followed its task: the ending goes out now.
+            await emit(ending)
+            self.host.release(record)
+            return
+        if waiting and (run is None or run.asks is None):
+            # A question of a run this server no longer has (it restarted, or
+            # another replica had the task): the answer has nowhere to go.
+            await emit(
+                Failed(
+                    reason="error",
+                    message="the run that asked is gone (the orchestrator restarted); "
+                    f"resume the session: a2a-orchestrator resume {context_id}",
+                )
+            )
+            self.host.release(record)
+            return
+        if run is None:
+            run = record.tasks[task_id] = _TaskRun(task_id, anyio.CancelScope())
         try:
             with anyio.CancelScope() as scope:
-                run = record.tasks[task_id] = _TaskRun(task_id, scope)
+                run.scope, run.following = scope, True
                 async with session.relay() as relay, anyio.create_task_group() as tg:
                     tg.start_soon(self._forward, relay, updater)
                     try:
-                        if mode == "pipeline":
-                            await self._pipeline(record, session, run, text, emit)
+                        if run.asks is not None:
+                            await self._answer(session, run, text, updater)
+                        elif mode == "pipeline":
+                            await self._pipeline(record, session, run, text, emit, updater)
                         else:
                             await self._delegate(record, session, run, text, emit)
                     except Exception as exc:  # contained: the client gets a failed task
@@ -427,7 +477,9 @@ class OrchestratorExecutor(AgentExecutor):
                     )
                 )
         finally:
-            record.tasks.pop(task_id, None)
+            run.following = False
+            if run.asks is None or run.ended.is_set():
+                record.tasks.pop(task_id, None)
             self.host.release(record)
 
     def use_leases(self, store: PgStore, *, url: str, seconds: float) -> Leases:
@@ -494,7 +546,11 @@ class OrchestratorExecutor(AgentExecutor):
         run: _TaskRun,
         text: str,
         emit: Callable[[ChildEvent], Any],
+        updater: TaskUpdater,
     ) -> None:
+        """Run a pipeline for the task. It runs in the session's task group,
+        not in this request: a pass's question ends the request with
+        INPUT_REQUIRED while the pipeline waits for the answer (`_answer`)."""
         if record.plane is None:
             record.plane = ControlPlane(session, hooks=self.hooks)
         self._react(record, record.plane)
@@ -504,19 +560,96 @@ class OrchestratorExecutor(AgentExecutor):
         brief = Brief(task=TaskSpec(id=run.task_id[:8], title=title, description=text))
         pipeline = Pipeline(session, brief)
         run.run = pipeline
+        run.asks = lambda question: question.child_id in pipeline.child_ids
         await emit(Started(role="orchestrator", model="pipeline"))
+
+        async def work() -> None:
+            try:
+                run.ending = await self._pipeline_ending(pipeline)
+            except Exception as exc:  # contained: the task ends failed
+                logger.exception("orchestrator task %s failed", run.task_id)
+                run.ending = Failed(reason="error", message=f"{type(exc).__name__}: {exc}")
+            finally:
+                run.ended.set()
+                if not run.following:
+                    record.tasks.pop(run.task_id, None)
+                    self._keep_unfollowed(run)
+                self.host.release(record)
+
+        # The run keeps the session open while its task waits for an answer.
+        self.host.hold(record)
+        session.start_soon(work, name=f"pipeline of task {run.task_id}")
+        await self._follow(session, run, updater)
+
+    def _keep_unfollowed(self, run: _TaskRun) -> None:
+        """Keep how a run ended while no request followed its task, for the
+        task's next message (at most `_UNFOLLOWED` of them, oldest dropped)."""
+        if run.ending is None:
+            return
+        self._unfollowed[run.task_id] = run.ending
+        while len(self._unfollowed) > _UNFOLLOWED:
+            del self._unfollowed[next(iter(self._unfollowed))]
+
+    @staticmethod
+    async def _pipeline_ending(pipeline: Pipeline) -> ChildEvent:
         try:
             result = await pipeline.run()
+        except PipelineCancelled as exc:
+            return Failed(reason="aborted", message=str(exc))
         except PipelineError as exc:
-            await emit(
-                Failed(reason="aborted" if "cancelled" in str(exc) else "error", message=str(exc))
-            )
-            return
+            return Failed(reason="error", message=str(exc))
         summary = (
             f"{result.signal}\n\nArtifacts: {result.artifact_dir}\n\n"
             f"# Review\n\n{result.reviewer_output}\n\n# Implementation\n\n{result.coder_output}"
         )
-        await emit(Done(text=summary, usage=result.usage))
+        return Done(text=summary, usage=result.usage)
+
+    async def _answer(
+        self, session: Session, run: _TaskRun, text: str, updater: TaskUpdater
+    ) -> None:
+        """The caller's message on a task that asked: the answer to its
+        pending question (unless the web view answered it first), then the
+        run is followed again."""
+        assert run.asks is not None
+        for question in session.questions.pending():
+            if run.asks(question):
+                session.questions.answer(question.id, text)
+                break
+        await self._follow(session, run, updater)
+
+    async def _follow(self, session: Session, run: _TaskRun, updater: TaskUpdater) -> None:
+        """Until the run ends (its ending goes out) or one of its children
+        asks: then the task goes INPUT_REQUIRED with the question, and who
+        asks in a data part."""
+        assert run.asks is not None
+        asks = run.asks
+        asked: Question | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def question() -> None:
+                nonlocal asked
+                asked = await session.questions.wait_pending(asks)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(question)
+            await run.ended.wait()
+            tg.cancel_scope.cancel()
+        if asked is None:
+            assert run.ending is not None
+            await publish(updater, run.ending)
+            return
+        data = {
+            "questionId": asked.id,
+            "question": asked.text,
+            "childId": asked.child_id,
+            "agent": asked.agent,
+            "role": asked.role,
+        }
+        message = updater.new_agent_message(
+            [new_text_part(asked.describe()), new_data_part(data)],
+            metadata={EVENT_KEY: "input_required"},
+        )
+        await updater.update_status(TaskState.TASK_STATE_INPUT_REQUIRED, message)
 
     async def _delegate(
         self,

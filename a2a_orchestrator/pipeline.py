@@ -12,6 +12,9 @@ Contract:
   model call (a pass in flight is cancelled with it).
 - A pass that fails, raises, or returns empty output ends the run with
   `PipelineError("<pass> pass: ...")`; there is no partial success.
+- A pass that asks (`ask_parent`) is not a failure: its question goes to
+  the session's `questions` and the answer that arrives goes back to it as
+  the call's result; the pass goes on.
 - Signal: from the output's last five lines (trimmed), the first that is
   exactly TASK_DONE, TASK_SKIPPED or TASK_FAILED; the reviewer's overrides the
   coder's; with neither, the task counts as done.
@@ -210,6 +213,8 @@ class Pipeline:
         self.options = options or PassOptions()
         self._cancelled = False
         self._current: ChildHandle | None = None
+        self._asking: anyio.CancelScope | None = None
+        """Around the wait for an answer to a pass's question (cancel ends it)."""
         self.passes: dict[str, ChildHandle] = {}
         """The child of each pass, by pass name (`coder` is the coder's conversation)."""
         self._steps: list[dict[str, Any]] = []
@@ -275,8 +280,30 @@ class Pipeline:
     async def cancel(self) -> None:
         """Cancel the run: the running pass's child is cancelled, no later pass starts."""
         self._cancelled = True
+        if self._asking is not None:
+            self._asking.cancel()
         if self._current is not None:
             await self._current.cancel()
+
+    async def _ask(self, name: str, handle: ChildHandle, question: str) -> str:
+        # The waiting child is the one `cancel` stops, as while it runs.
+        self._current = handle
+        try:
+            with anyio.CancelScope() as self._asking:
+                answer = await self.session.questions.ask(
+                    question, child_id=handle.child_id, agent=handle.agent, role=handle.role
+                )
+        finally:
+            self._asking = None
+            self._current = None
+        if self._cancelled:
+            raise PipelineCancelled(f"{name} pass: cancelled while it waited for an answer")
+        return answer
+
+    @property
+    def child_ids(self) -> frozenset[str]:
+        """The children of its passes so far (whose questions are this run's)."""
+        return frozenset(self._child_ids.values())
 
     def _check(self, name: str) -> None:
         if self._cancelled:
@@ -303,17 +330,23 @@ class Pipeline:
         await self.session.store.set_session_metadata(self.session.id, PROGRESS_KEY, record)
 
     async def _finish(self, name: str, handle: ChildHandle) -> Done:
-        self._current = handle
-        try:
-            outcome = await handle.result()
-        finally:
-            self._current = None
-        if self._cancelled:
-            raise PipelineCancelled(f"{name} pass: cancelled")
+        while True:
+            self._current = handle
+            try:
+                outcome = await handle.result()
+            finally:
+                self._current = None
+            if self._cancelled:
+                raise PipelineCancelled(f"{name} pass: cancelled")
+            if not isinstance(outcome, InputRequired):
+                break
+            # Nobody above the pass but the person who gave the task: the
+            # session's questions reach them (or say no one can answer), and
+            # the answer is the `ask_parent` call's result.
+            answer = await self._ask(name, handle, outcome.question)
+            await handle.send(answer)
         if isinstance(outcome, Failed):
             raise PipelineError(f"{name} pass: {outcome.reason}: {outcome.message}")
-        if isinstance(outcome, InputRequired):
-            raise PipelineError(f"{name} pass: asked a question nobody answers: {outcome.question}")
         if not outcome.text.strip():
             raise PipelineError(f"{name} pass: returned empty output")
         return outcome

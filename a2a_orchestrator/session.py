@@ -73,6 +73,7 @@ from .models.base import Model
 from .models.config import ModelSettings, resolve_model
 from .network import AgentSpec, Network
 from .policy import Policy, SpawnPolicy, SpawnRequest
+from .questions import Questions
 from .records import RecordKind, transcript_entries
 from .runner import Runner
 from .runtime import Conversation
@@ -181,6 +182,8 @@ class Session:
         self._trace_context: Any = None
         self.stop_requested = False
         """Whether `a2a-orchestrator stop` stopped this session."""
+        self.questions = Questions()
+        """Questions its root asks a person (`questions.py`), waiting for answers."""
 
     # -- lifecycle ----------------------------------------------------------------
 

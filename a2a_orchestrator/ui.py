@@ -9,6 +9,8 @@ child's event log and result, live over server-sent events.
         /ui/sessions/{id}/children/{child}/stream  the same, live (text/event-stream)
     GET /ui/static/{ui.js,ui.css}                  the page's script and style
                                                    (public: see `ui_auth.py`)
+    POST /ui/sessions/{id}/questions/{question}    answer a question the session's
+                                                   run asks ({"answer": TEXT})
 
 Pages are rendered on the server (jinja2, autoescaped) and kept current by a
 small script (`ui_static/ui.js`, no build step, nothing fetched from
@@ -22,7 +24,10 @@ reconnect (`Last-Event-ID`), whoever wrote them (this server, or a CLI run
 on the same store). For a session this server holds, a listener on the
 session wakes the stream as soon as an event is stored; otherwise it polls.
 
-The stop buttons call the HTTP API (`api.py`). Access is the API's: the
+A question a session's run asks a person (`questions.py`) shows on the
+session page, while this server holds the session, with a box to answer
+it; the answer goes where the terminal's or the A2A caller's would, and the
+first answer counts. The stop buttons call the HTTP API (`api.py`). Access is the API's: the
 same authentication (a browser logs in once, see `ui_auth.py`), and a
 caller sees only its own sessions; another's answer 404.
 """
@@ -38,7 +43,7 @@ from typing import Any
 import anyio
 import jinja2
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .api import owns
@@ -62,6 +67,8 @@ MAX_SESSIONS = 200
 """The sessions list shows the newest this many."""
 
 _PAGE = 500
+_ANSWER_BYTES = 64 * 1024
+"""The largest answer body taken (a question's answer is a few lines)."""
 _DETAIL_CHARS = 20_000
 # The page's own script and style, and nothing else, from this origin only.
 _HEADERS = {
@@ -312,6 +319,21 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
 
         return _stream(chunks())
 
+    def questions_of(session_id: str) -> list[dict[str, str]]:
+        """The questions the session's run waits on, when this server holds it."""
+        session = sessions().get(session_id)
+        if session is None:
+            return []
+        return [
+            {
+                "id": q.id,
+                "text": q.text,
+                "who": q.who,
+                "child_id": q.child_id,
+            }
+            for q in session.questions.pending()
+        ]
+
     async def session_page(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         record = await visible(request, session_id)
@@ -319,7 +341,44 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
             return missing(request, f"session {session_id}")
         tree = _Tree(store, session_id)
         await tree.advance()
-        return page(request, "session.html", session=record, rows=await tree.rows(), after=tree.seq)
+        return page(
+            request,
+            "session.html",
+            session=record,
+            rows=await tree.rows(),
+            after=tree.seq,
+            questions=questions_of(session_id),
+        )
+
+    async def answer(request: Request) -> Response:
+        """Answer a pending question: 200 `{"answered": true}`; 409 when it
+        no longer waits (answered elsewhere first, or withdrawn)."""
+        session_id = request.path_params["session_id"]
+        if await visible(request, session_id) is None:
+            return JSONResponse({"error": "not found"}, status_code=404, headers=_HEADERS)
+        body = await request.body()
+        text = ""
+        if len(body) <= _ANSWER_BYTES:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                data = None
+            if isinstance(data, dict) and isinstance(data.get("answer"), str):
+                text = data["answer"].strip()
+        if not text:
+            detail = f'send {{"answer": TEXT}}: a non-empty string, at most {_ANSWER_BYTES} bytes'
+            return JSONResponse(
+                {"error": "bad request", "detail": detail}, status_code=400, headers=_HEADERS
+            )
+        session = sessions().get(session_id)
+        question_id = request.path_params["question_id"]
+        if session is None or not session.questions.answer(question_id, text):
+            return JSONResponse(
+                {"error": "conflict", "detail": "that question no longer waits for an answer"},
+                status_code=409,
+                headers=_HEADERS,
+            )
+        return JSONResponse({"answered": True}, headers=_HEADERS)
 
     async def session_stream(request: Request) -> Response:
         session_id = request.path_params["session_id"]
@@ -335,9 +394,16 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
                 # saw: a reconnect repaints the tree from the store.
                 await tree.advance()
                 yield _sse(await tree.rows(), event="tree", seq=tree.seq)
+                asked = questions_of(session_id)
+                yield _sse(asked, event="questions")
                 quiet = 0.0
                 while True:
                     await wake.wait()
+                    # A question comes and goes with an event of the child
+                    # that asks (its question, then the answer as its input).
+                    if questions_of(session_id) != asked:
+                        asked = questions_of(session_id)
+                        yield _sse(asked, event="questions")
                     if await tree.advance():
                         yield _sse(await tree.rows(), event="tree", seq=tree.seq)
                         quiet = 0.0
@@ -441,6 +507,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
         Route("/ui/stream", sessions_stream, methods=["GET"]),
         Route("/ui/sessions/{session_id}", session_page, methods=["GET"]),
         Route("/ui/sessions/{session_id}/stream", session_stream, methods=["GET"]),
+        Route("/ui/sessions/{session_id}/questions/{question_id}", answer, methods=["POST"]),
         Route("/ui/sessions/{session_id}/children/{child_id}", child_page, methods=["GET"]),
         Route(
             "/ui/sessions/{session_id}/children/{child_id}/stream", child_stream, methods=["GET"]

@@ -18,8 +18,9 @@ the child's next event.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
@@ -250,6 +251,19 @@ class LiveTree:
         if failure is not None:
             raise failure
         return result
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stop the live display for the block (a question to a person is
+        printed and answered below the tree), then draw it again."""
+        display = self._display
+        if display is not None:
+            display.stop()
+        try:
+            yield
+        finally:
+            if display is not None and self._display is display:
+                display.start(refresh=True)
 
     def draw(self) -> None:
         """Print the whole tree once (after a run, or where there is no live view)."""

@@ -134,13 +134,6 @@ def _sessions(*ids: str) -> Callable[[Path], None]:
     return setup
 
 
-ASK_PARENT = json.dumps(
-    [
-        {"tool_calls": [{"name": "ask_parent", "arguments": {"question": "which file?"}}]},
-        {"text": "unreachable"},
-    ]
-)
-
 CASES: dict[str, Case] = {
     # -- usage (argparse): exit 2 with the usage line --------------------------
     "unknown command": Case(["launch"], 2, "invalid choice: 'launch'"),
@@ -264,14 +257,6 @@ CASES: dict[str, Case] = {
         1,
         "pipeline failed: architect pass: error: model endpoint http://127.0.0.1:",
         env={"A2A_MODEL_BASE_URL": f"http://127.0.0.1:{closed_port()}/v1"},
-        stream="stdout",
-    ),
-    "model asks its parent": Case(
-        ["run", "x"],
-        1,
-        "pipeline failed: architect pass: asked a question nobody answers: which file?",
-        env={"A2A_MODEL_SCRIPT": "ask.json"},
-        setup=_write("ask.json", ASK_PARENT),
         stream="stdout",
     ),
     "agent unreachable": Case(

@@ -233,6 +233,7 @@ def test_short_ids_status_and_git(tmp_path: Path) -> None:
     run = cli("run", "Add a hello module", cwd=tmp_path)
     assert run.returncode == 3, (run.stdout, run.stderr)
     session = re.search(r"session ([0-9a-f]{32})", run.stdout).group(1)  # type: ignore[union-attr]
+    # A model that asks, is told nobody can answer (no terminal), and has no turn left.
     ask = tmp_path.parent / "ask.json"
     ask.write_text(
         json.dumps([{"tool_calls": [{"name": "ask_parent", "arguments": {"question": "?"}}]}])
@@ -260,7 +261,7 @@ def test_short_ids_status_and_git(tmp_path: Path) -> None:
     assert re.search(r"\s[1-9]\d*tok\s", lines[session]), lines[session]
     assert "TASK_SKIPPED" in lines[session] and "3 completed" in lines[session]
     assert "ended" in lines[session] and lines[session].endswith("Add a hello module")
-    assert " error " in lines[other] and "1 input_required" in lines[other]
+    assert " error " in lines[other] and "1 failed" in lines[other]
 
     short = session[:8]  # what the live tree prints
     children = cli("children", short, cwd=tmp_path)

@@ -11,7 +11,7 @@ import anyio
 
 from ..clidefaults import EXIT_CODES
 from ..errors import OrchestratorError
-from ..events import ChildEvent, Done, Failed
+from ..events import ChildEvent, Done, Failed, InputRequired
 from ..heap import settle
 from ..pipeline import (
     PROGRESS_KEY,
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..reactions import Reaction, Reactions
     from ..session import Session
 
+from .asking import interactive, with_answers
 from .common import (
     PIPELINE_PASSES,
     SESSION_ID,
@@ -109,7 +110,9 @@ async def run(args: argparse.Namespace) -> int:
             return await _run_parent(args, session, models, hooks, rules)
         brief = Brief(task=TaskSpec(id=session.id[:8], title=args.task[:80], description=args.task))
         pipeline = Pipeline(session, brief, PassOptions(review_rounds=args.review_rounds))
-        return await _follow_pipeline(session, pipeline, hooks, rules, workdir)
+        return await _follow_pipeline(
+            session, pipeline, hooks, rules, workdir, ask_person=interactive(args.no_input)
+        )
 
 
 async def _follow_pipeline(
@@ -120,9 +123,11 @@ async def _follow_pipeline(
     workdir: Path,
     *,
     resume: bool = False,
+    ask_person: bool,
 ) -> int:
     """Run (or, `resume`, continue) `pipeline` with its live tree; the exit
-    code is its signal."""
+    code is its signal. A pass's question is put to the person when
+    `ask_person`, else answered that nobody can (`commands/asking.py`)."""
     from ..control import ControlPlane
     from ..session import RelayedEvent
 
@@ -151,7 +156,9 @@ async def _follow_pipeline(
                             )
                         )
                 await session.recover()
-            result = await tree.follow_while(relay, pipeline.run())
+            result = await tree.follow_while(
+                relay, with_answers(session.questions, tree, pipeline.run(), ask_person=ask_person)
+            )
     except PipelineError as exc:
         say(f"\npipeline failed: {exc}")
         if session.stop_requested:
@@ -196,14 +203,27 @@ async def _run_parent(
 
     async def everything() -> ChildEvent | None:
         await parent.run(args.task)
-        while parent.conversation.running or any(h.running for h in session.children.values()):
+        while True:
+            last = parent.last
+            if isinstance(last, InputRequired) and not parent.conversation.running:
+                # The parent is the root: its question is for the person at
+                # the terminal (or told nobody can answer), never a failure.
+                answer = await session.questions.ask(last.question, agent=args.role, role=args.role)
+                await parent.run(answer)
+                continue
+            if not parent.conversation.running and not any(
+                h.running for h in session.children.values()
+            ):
+                return last
             await session.wait_all()
             await anyio.sleep(0.05)
-        return parent.last
 
     try:
         async with session.relay() as relay:
-            outcome = await tree.follow_while(relay, everything())
+            answered = with_answers(
+                session.questions, tree, everything(), ask_person=interactive(args.no_input)
+            )
+            outcome = await tree.follow_while(relay, answered)
     finally:
         if reactions is not None:
             reactions.close()
@@ -257,7 +277,15 @@ async def resume(args: argparse.Namespace) -> int:
                 say(f"nothing to resume: the pipeline had failed: {pipeline.error}")
                 return 1
             say(f"resuming the pipeline of session {session.id}")
-            return await _follow_pipeline(session, pipeline, hooks, rules, workdir, resume=True)
+            return await _follow_pipeline(
+                session,
+                pipeline,
+                hooks,
+                rules,
+                workdir,
+                resume=True,
+                ask_person=interactive(args.no_input),
+            )
         tree = LiveTree(f"resume  session {session.id[:8]}")
         async with session.relay() as relay:
             handles = await session.recover()

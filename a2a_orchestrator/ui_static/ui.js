@@ -63,6 +63,72 @@
     if (button) stop(button);
   });
 
+  // -- questions: a box to answer each one the session's run waits on --------------
+
+  async function answer(form) {
+    const text = form.elements.answer.value.trim();
+    if (!text) return;
+    const button = form.querySelector("button");
+    button.disabled = true;
+    say("answering…");
+    try {
+      const response = await fetch(form.dataset.answer, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "X-CSRF-Token": csrf, Accept: "application/json",
+          "Content-Type": "application/json" },
+        body: JSON.stringify({ answer: text }),
+      });
+      const reply = await response.json().catch(() => ({}));
+      if (!response.ok) {
+        say("answer refused: " + (reply.detail || response.status));
+        button.disabled = false;
+        return;
+      }
+      say("answered");
+      form.remove();
+    } catch (error) {
+      say("answer failed: " + error);
+      button.disabled = false;
+    }
+  }
+
+  document.addEventListener("submit", (event) => {
+    const form = event.target.closest("form[data-answer]");
+    if (!form) return;
+    event.preventDefault();
+    answer(form);
+  });
+
+  function questions(asked) {
+    const section = document.getElementById("questions");
+    const session = section.dataset.sessionId;
+    const ids = asked.map((q) => q.id);
+    // Forms of questions still asked stay as they are (with what is typed in them).
+    section.querySelectorAll("form[data-question-id]").forEach((form) => {
+      if (!ids.includes(form.dataset.questionId)) form.remove();
+    });
+    asked.forEach((q) => {
+      if (section.querySelector('form[data-question-id="' + CSS.escape(q.id) + '"]')) return;
+      const form = el("form", undefined, "question");
+      form.dataset.questionId = q.id;
+      form.dataset.answer = "/ui/sessions/" + encodeURIComponent(session) + "/questions/" +
+        encodeURIComponent(q.id);
+      const line = el("p");
+      line.append(el("strong", q.who, "who"), " asks: ", el("span", q.text, "text"));
+      const box = el("textarea");
+      box.name = "answer";
+      box.rows = 2;
+      box.required = true;
+      box.setAttribute("aria-label", "your answer");
+      const button = el("button", "Answer");
+      button.type = "submit";
+      form.append(line, box, button);
+      section.appendChild(form);
+    });
+    section.hidden = asked.length === 0;
+  }
+
   // -- pages --------------------------------------------------------------------
 
   function sessionsRows(sessions) {
@@ -161,6 +227,7 @@
     source.addEventListener(name, (event) => handle(JSON.parse(event.data)));
   on("sessions", sessionsRows);
   on("tree", treeRows);
+  on("questions", questions);
   on("child", childState);
   on("line", logLine);
 })();
