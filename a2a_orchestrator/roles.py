@@ -13,9 +13,9 @@ a good role in another; `list_roles()` raises `RoleFileError` for the first
 broken file it loads.
 
 What configures a run is never writable by a run: the directories of one
-project (`cwd`, `home`) are read once, at the first lookup there (a server,
-`run`, `resume` and `demo` look their roles up at start, before any model
-runs), and every later lookup answers from that snapshot. A role file a
+project (`cwd`, `home`) are read once, at the first lookup there or at
+`read_roles()` (`serve`, `run`, `resume` and `demo` call it at start, before
+any model runs), and every later lookup answers from that snapshot. A role file a
 command or a file tool writes while the process runs (a `roles/` a command
 created, a shipped role shadowed, an edited one) is never taken; the
 operator's change needs a restart, or `reload_roles()` from the Python API.
@@ -54,6 +54,7 @@ __all__ = [
     "find_role",
     "list_roles",
     "load_role_file",
+    "read_roles",
     "reload_roles",
     "role_cache",
     "role_dirs",
@@ -243,6 +244,15 @@ def list_roles(
             raise found.with_traceback(None)
         listed[name] = found
     return listed
+
+
+def read_roles(
+    cwd: str | os.PathLike[str] | None = None, home: str | os.PathLike[str] | None = None
+) -> None:
+    """Take this project's snapshot now, if no lookup has: the commands that
+    run models call it at start, before any model runs (`commands`). A
+    broken file is refused when its role is asked for, as always."""
+    _snapshot(cwd, home)
 
 
 def reload_roles() -> None:

@@ -10,6 +10,9 @@ is scripted, and it plays the prompt-injected model that writes the file.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,10 @@ from typing import Any
 import anyio
 import pytest
 
+from a2a_orchestrator.callers import add_caller
+from a2a_orchestrator.commands.serve import check_secret_files
 from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.errors import OrchestratorError
 from a2a_orchestrator.events import Done
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
@@ -140,3 +146,67 @@ def test_a_role_created_after_the_first_lookup_needs_a_reload(tmp_path: Path) ->
     assert find_role("coder", cwd=cwd, home=home).source == shipped_roles_dir() / "coder.md"
     reload_roles()
     assert find_role("coder", cwd=cwd, home=home).prompt == "Mine."
+
+
+# --- secret files where the server's tools can write ----------------------------------
+
+
+def serve(
+    work: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`serve coder` started in `work`, as an operator would; it must refuse
+    before it serves (a server that starts is stopped by the timeout)."""
+    return subprocess.run(
+        [sys.executable, "-m", "a2a_orchestrator.cli", "serve", "coder", "--port", "0", *args],
+        cwd=work,
+        env={**os.environ, "A2A_MODEL_BASE_URL": "", "OPENAI_BASE_URL": "", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    work = tmp_path / "project"
+    work.mkdir()
+    add_caller(work / "callers.toml", "alice")
+    return work
+
+
+def test_a_callers_file_in_the_work_directory_is_refused_at_start(project: Path) -> None:
+    # The README's old example: `--callers callers.toml` from the project,
+    # where bob's model could write alice's token hash.
+    result = serve(project, "--callers", "callers.toml")
+    assert result.returncode == 2, result.stdout
+    assert "serving" not in result.stdout
+    real = project.resolve()
+    assert (
+        f"error: the callers file callers.toml is inside the work directory {real}, "
+        "where the server's tools and commands can write it: keep it outside"
+    ) in result.stderr
+    assert f"or in {real}/.a2a/" in result.stderr
+    # The variable, a link from outside into the work directory and the
+    # card's signing key are refused the same way.
+    (project.parent / "callers-link.toml").symlink_to(project / "callers.toml")
+    for args, env, what in (
+        ((), {"A2A_CALLERS_FILE": str(project / "callers.toml")}, "the callers file"),
+        (("--callers", str(project.parent / "callers-link.toml")), {}, "the callers file"),
+        (("--card-key", "card.pem"), {}, "the card key"),
+    ):
+        result = serve(project, *args, env=env)
+        assert result.returncode == 2 and f"error: {what} " in result.stderr, result.stderr
+
+
+def test_secret_files_outside_the_reach_of_tools_are_taken(project: Path) -> None:
+    state = project / ".a2a"
+    state.mkdir()
+    outside = project.parent / "callers.toml"
+    files = {"the callers file": outside, "the card key": state / "card.pem"}
+    check_secret_files(files, project, sandboxed=True)
+    # Without the sandbox a command reaches `.a2a/` as well.
+    with pytest.raises(
+        OrchestratorError, match=r"the card key .*: keep it outside the work directory \(e\.g\."
+    ):
+        check_secret_files(files, project, sandboxed=False)
+    check_secret_files({"the callers file": outside}, project, sandboxed=False)
