@@ -19,13 +19,14 @@ from typing import Any
 
 import anyio
 import pytest
+import yaml
 
 from a2a_orchestrator.callers import add_caller
 from a2a_orchestrator.commands.serve import check_secret_files
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import OrchestratorError
 from a2a_orchestrator.events import Done
-from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.roles import find_role, reload_roles, shipped_roles_dir
 from a2a_orchestrator.session import Session
@@ -210,3 +211,41 @@ def test_secret_files_outside_the_reach_of_tools_are_taken(project: Path) -> Non
     ):
         check_secret_files(files, project, sandboxed=False)
     check_secret_files({"the callers file": outside}, project, sandboxed=False)
+
+
+async def test_a_model_script_rewritten_by_its_own_command_is_not_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A project role played by a script in the project (`model: scripted:<file>`),
+    # both there before the run; the script's command rewrites the script.
+    work = tmp_path / "project"
+    (work / "roles").mkdir(parents=True)
+    (work / "roles" / "scribe.md").write_text(
+        "---\nmodel: scripted:scribe.yaml\ntools: [run_command]\n---\nYou are the scribe.\n",
+        encoding="utf-8",
+    )
+    rewrite = "printf -- '- text: \"planted\\\\nTASK_DONE\"\\n' > scribe.yaml"
+    script = [
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": rewrite}}]},
+        {"text": "original\nTASK_DONE"},
+    ]
+    (work / "scribe.yaml").write_text(yaml.safe_dump(script), encoding="utf-8")
+    monkeypatch.chdir(work)
+    settings = ModelSettings()
+    texts = []
+    with anyio.fail_after(30):
+        async with Session(
+            Store(tmp_path / "orchestrator.db"),
+            workdir=work,
+            network=Network.of(AgentSpec(name="scribe", role="scribe")),
+            models=lambda name: resolve_model(name, settings),
+            sandbox=Sandbox(enabled=False),
+        ) as session:
+            for _ in range(2):
+                handle = await session.spawn(ChildConfig(role="scribe", prompt="go"))
+                done = await handle.wait()
+                assert isinstance(done, Done)
+                texts.append(done.text)
+    # The command did rewrite the file; the second spawn replayed the first read.
+    assert "planted" in (work / "scribe.yaml").read_text(encoding="utf-8")
+    assert texts == ["original\nTASK_DONE", "original\nTASK_DONE"]
