@@ -24,10 +24,11 @@ import yaml
 from a2a_orchestrator.callers import add_caller
 from a2a_orchestrator.commands.serve import check_secret_files
 from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.errors import OrchestratorError
+from a2a_orchestrator.errors import OrchestratorError, RoleNotFoundError
 from a2a_orchestrator.events import Done
 from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
 from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.policy import SpawnPolicy
 from a2a_orchestrator.roles import find_role, reload_roles, shipped_roles_dir
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
@@ -249,3 +250,18 @@ async def test_a_model_script_rewritten_by_its_own_command_is_not_replayed(
     # The command did rewrite the file; the second spawn replayed the first read.
     assert "planted" in (work / "scribe.yaml").read_text(encoding="utf-8")
     assert texts == ["original\nTASK_DONE", "original\nTASK_DONE"]
+
+
+def test_the_network_and_the_spawn_policy_read_the_roles_when_made(tmp_path: Path) -> None:
+    # Both are made at start, before any model runs; a role file that
+    # appears after (a run's command wrote it) is not one of the project's.
+    home = tmp_path / "home"
+    for project in (tmp_path / "network", tmp_path / "policy"):
+        project.mkdir()
+    Network.load(cwd=tmp_path / "network", home=home)
+    SpawnPolicy(cwd=tmp_path / "policy")
+    for project, where in ((tmp_path / "network", home), (tmp_path / "policy", None)):
+        (project / "roles").mkdir()
+        (project / "roles" / "helper.md").write_text("Planted.\n", encoding="utf-8")
+        with pytest.raises(RoleNotFoundError):
+            find_role("helper", cwd=project, home=where)
