@@ -21,6 +21,7 @@ import anyio
 import pytest
 import yaml
 
+from a2a_orchestrator.budgets import Price
 from a2a_orchestrator.callers import add_caller
 from a2a_orchestrator.commands.serve import check_secret_files
 from a2a_orchestrator.delegation import ChildConfig
@@ -28,6 +29,7 @@ from a2a_orchestrator.errors import OrchestratorError, RoleNotFoundError
 from a2a_orchestrator.events import Done
 from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
 from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.orchestrator import OrchestratorExecutor
 from a2a_orchestrator.policy import SpawnPolicy
 from a2a_orchestrator.roles import find_role, reload_roles, shipped_roles_dir
 from a2a_orchestrator.session import Session
@@ -265,3 +267,26 @@ def test_the_network_and_the_spawn_policy_read_the_roles_when_made(tmp_path: Pat
         (project / "roles" / "helper.md").write_text("Planted.\n", encoding="utf-8")
         with pytest.raises(RoleNotFoundError):
             find_role("helper", cwd=project, home=where)
+
+
+def test_the_orchestrators_sessions_keep_the_price_table_read_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prices = tmp_path / "prices.toml"
+    prices.write_text("[models.gpt-4o]\ninput = 2.5\noutput = 10\n", encoding="utf-8")
+    monkeypatch.setenv("A2A_PRICES", str(prices))
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        executor = OrchestratorExecutor(
+            store,
+            workdir=tmp_path,
+            network=Network.of(AgentSpec(name="coder", role="coder")),
+            models=lambda name: ScriptedModel([]),
+        )
+        # Rewritten after start (free tokens): a session opened later still
+        # counts cost at the operator's prices.
+        prices.write_text("[models.gpt-4o]\ninput = 0\noutput = 0\n", encoding="utf-8")
+        session = executor.host._open("later")
+    finally:
+        store.close()
+    assert session.prices.price("gpt-4o") == Price(input=2.5, output=10.0)
