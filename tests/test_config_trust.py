@@ -1,11 +1,14 @@
-"""What configures a run is never writable by a run: a model's command that
-plants or edits a role file between two spawns of one session does not
-change the next child's role, and a server refuses to start with its
-callers file where its tools can write.
+"""What configures a run is never writable by a run (issue 26): a model's
+command that plants or edits a role file, or rewrites its own model script,
+between two spawns of one session does not change the next child; the
+network, a spawn policy and the orchestrator's price table are read at
+start; and `serve` refuses to start with a secret file where its tools can
+write.
 
 Real parts throughout: a real Session with in-process children, real
-bubblewrap (or the operator's explicit opt-out), real files; only the model
-is scripted, and it plays the prompt-injected model that writes the file.
+bubblewrap (or the operator's explicit opt-out), real files, `serve` as a
+real subprocess; only the model is scripted, and it plays the
+prompt-injected model that writes the file.
 """
 
 from __future__ import annotations
