@@ -36,7 +36,7 @@ from a2a_orchestrator.store_pg import PgStore
 
 pytestmark = pytest.mark.anyio
 
-PID, TICKS, BOOT, HOST = journal_module._runner()
+_, TICKS, BOOT, HOST = journal_module._runner()
 ELSEWHERE = {
     # Another machine: another boot, another host.
     "another machine": ("0f0e0d0c-another-boot", "other-host"),
