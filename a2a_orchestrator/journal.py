@@ -9,14 +9,22 @@ tells the model they were interrupted instead of running them again.
 
 One table, `tool_calls`, in the orchestrator's store (for in-process
 children, scope = child id) and in a role server's SQLite file (scope = A2A
-context id). Each row names its runner (pid, start ticks, boot id), so a
-live process's calls are never mistaken for a dead one's.
+context id). Each row names its runner (pid, start ticks, boot id, host),
+so a live process's calls are never mistaken for a dead one's.
+
+One recovery rule for every journal (`recovery`): a row is judged by the
+machine it was written on, its boot id and host (containers share a boot id
+but not a host name, nor their pids). Another machine's process ids mean
+nothing here, so its rows are never signalled here; they are closed only by
+their owner, or by the holder of the lease that replaced it (a replica that
+adopted the conversation, `sharedjournal.py`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping
@@ -37,6 +45,7 @@ __all__ = [
     "ToolJournal",
     "create_table",
     "lost_announcements",
+    "recovery",
     "unanswered",
 ]
 
@@ -44,13 +53,18 @@ _COLUMNS = (
     "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
     "arguments TEXT NOT NULL, runner_pid INTEGER NOT NULL, runner_ticks INTEGER NOT NULL, "
     "runner_boot TEXT NOT NULL, started_at REAL NOT NULL, pgid INTEGER, pgid_ticks INTEGER, "
-    "finished_at REAL, outcome TEXT"
+    "finished_at REAL, outcome TEXT, runner_host TEXT"
 )
 
 
 def create_table(conn: Any) -> None:
     """Create the journal's table and index on an sqlite3 connection (idempotent)."""
     conn.execute(f"CREATE TABLE IF NOT EXISTS tool_calls ({_COLUMNS})")
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(tool_calls)")}
+    if "runner_host" not in columns:
+        # A file from before rows named their host: its rows keep NULL, and
+        # are judged by their boot id alone, as they were.
+        conn.execute("ALTER TABLE tool_calls ADD COLUMN runner_host TEXT")
     conn.execute(
         "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL"
     )
@@ -90,16 +104,16 @@ def lost_announcements(entries: Iterable[object], rows: Iterable[JournalRow]) ->
 
 
 _PID = os.getpid()
-_RUNNER = (_PID, start_ticks(_PID), _boot_id())
+_RUNNER = (_PID, start_ticks(_PID), _boot_id(), socket.gethostname())
 
 
-def _runner() -> tuple[int, int, str]:
+def _runner() -> tuple[int, int, str, str]:
     # Recomputed after a fork (a test's crash subprocess): a child process is
     # another runner.
     global _PID, _RUNNER
     if os.getpid() != _PID:
         _PID = os.getpid()
-        _RUNNER = (_PID, start_ticks(_PID), _boot_id())
+        _RUNNER = (_PID, start_ticks(_PID), _boot_id(), socket.gethostname())
     return _RUNNER
 
 
@@ -115,6 +129,8 @@ class JournalRow:
     runner_pid: int
     runner_ticks: int
     runner_boot: str
+    runner_host: str | None = None
+    """None in a row written before rows named their host."""
     pgid: int | None
     pgid_ticks: int | None
 
@@ -130,16 +146,24 @@ class JournalRow:
             runner_pid=row["runner_pid"],
             runner_ticks=row["runner_ticks"],
             runner_boot=row["runner_boot"],
+            runner_host=row.get("runner_host"),
             pgid=row["pgid"],
             pgid_ticks=row["pgid_ticks"],
         )
 
     @property
+    def written_here(self) -> bool:
+        """Written on this machine since its last boot: only then do its
+        process ids name processes here."""
+        _pid, _ticks, boot, host = _runner()
+        return self.runner_boot == boot and self.runner_host in (None, host)
+
+    @property
     def runner_alive(self) -> bool:
-        """The process that ran the call is still running (and is not us)."""
-        pid, _ticks, boot = _runner()
-        if self.runner_boot != boot:
-            return False  # recorded before a reboot
+        """The process that ran the call is still running here (and is not us)."""
+        pid = _runner()[0]
+        if not self.written_here:
+            return False  # another machine's, or recorded before a reboot
         if self.runner_pid == pid:
             return False  # our own pid, so the recorded runner is gone (pid reused)
         return start_ticks(self.runner_pid) == self.runner_ticks
@@ -195,10 +219,11 @@ class ToolJournal:
 
     async def started(self, scope: str, call: ToolCall) -> str:
         marker = uuidlib.uuid4().hex
-        pid, ticks, boot = _runner()
+        pid, ticks, boot, host = _runner()
         await self._write(
             "INSERT INTO tool_calls (marker, scope, call_id, tool, arguments, runner_pid, "
-            "runner_ticks, runner_boot, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "runner_ticks, runner_boot, runner_host, started_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 marker,
                 scope,
@@ -208,6 +233,7 @@ class ToolJournal:
                 pid,
                 ticks,
                 boot,
+                host,
                 time.time(),
             ),
         )
@@ -256,16 +282,43 @@ class ToolJournal:
         return await self._rows("scope = ?", [scope])
 
     async def recover(self, scope: str | None = None) -> list[JournalRow]:
-        """End what dead runners' open calls left running, and close those calls.
+        """End what this machine's dead runners' open calls left running, and
+        close those calls (`recovery`, holding no lease: another machine's
+        rows are left to their owner, a live runner's to itself).
 
-        Returns the rows closed as `interrupted`. Calls of a runner that is
-        still alive are left alone: they are its own to finish.
+        Returns the rows closed as `interrupted`.
         """
-        rows = [row for row in await self.unfinished(scope) if not row.runner_alive]
-        if not rows:
-            return []
-        groups = [(row.pgid or 0, row.pgid_ticks or 0, row.marker) for row in rows]
-        await anyio.to_thread.run_sync(end_leftovers, groups)
-        for row in rows:
+        return await self._recover(await self.unfinished(scope), taken_over=False)
+
+    async def _recover(self, rows: list[JournalRow], *, taken_over: bool) -> list[JournalRow]:
+        closed, groups = recovery(rows, taken_over=taken_over)
+        if groups:
+            await anyio.to_thread.run_sync(end_leftovers, groups)
+        for row in closed:
             await self.finished(row.marker, "interrupted")
-        return rows
+        return closed
+
+
+def recovery(
+    rows: Iterable[JournalRow], *, taken_over: bool
+) -> tuple[list[JournalRow], list[tuple[int, int, str]]]:
+    """The one recovery rule: of open `rows`, those to close as interrupted,
+    and the process groups and markers to end here (`procs.end_leftovers`).
+
+    A row written on this machine whose runner is gone is closed and what it
+    left running is ended. One whose runner lives is its own to finish,
+    unless `taken_over` (the caller holds the lease that replaced that
+    runner: it is closed, and what it left ended). Another machine's row is
+    never signalled here, whose process ids name other processes; it is
+    closed only when `taken_over`, else left to its owner.
+    """
+    closed: list[JournalRow] = []
+    groups: list[tuple[int, int, str]] = []
+    for row in rows:
+        here = row.written_here
+        if not taken_over and (not here or row.runner_alive):
+            continue
+        closed.append(row)
+        if here:
+            groups.append((row.pgid or 0, row.pgid_ticks or 0, row.marker))
+    return closed, groups

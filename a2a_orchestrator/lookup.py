@@ -2,7 +2,9 @@
 
 Roles (`roles/`) and agents (`agents/`) are found the same way, first hit
 wins: `./<kind>/`, `./.a2a/<kind>/`, `~/.config/a2a-orchestrator/<kind>/`,
-then the files shipped with the package.
+then the files shipped with the package. Both are read once per process
+and project, never at a spawn: roles at their first lookup (`roles.py`),
+agents when the network is loaded at start (`network.py`).
 """
 
 from __future__ import annotations
@@ -43,21 +45,16 @@ def lookup_dirs(
     *,
     cwd: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
-    distinct: bool = True,
 ) -> list[Path]:
     """The lookup directories for `kind`, highest priority first.
 
     Directories that do not exist are listed all the same; lookup skips
     them. A directory reached twice (running from the repository root makes
-    `./<kind>/` the shipped one) is listed once; with `distinct=False` it
-    may be listed twice (a first-hit lookup finds the same file either way,
-    without resolving every directory's path).
+    `./<kind>/` the shipped one) is listed once.
     """
     base = os.getcwd() if cwd is None else os.fspath(cwd)
     user_home = os.path.expanduser("~") if home is None else os.fspath(home)
-    candidates = list(_candidates(kind, base, user_home, _PACKAGE))
-    if not distinct:
-        return candidates
+    candidates = _candidates(kind, base, user_home, _PACKAGE)
     seen: set[Path] = set()
     dirs: list[Path] = []
     for directory in candidates:
@@ -70,8 +67,7 @@ def lookup_dirs(
 
 @functools.lru_cache(maxsize=64)
 def _candidates(kind: str, base: str, home: str, package: Path) -> tuple[Path, ...]:
-    # Built once per directory pair: every spawn looks its role up, and
-    # these are a dozen pathlib objects each time.
+    # Built once per directory pair: a dozen pathlib objects each time.
     return (
         Path(base) / kind,
         Path(base) / ".a2a" / kind,

@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 
 from .errors import ConfigError, RoleNotFoundError
 from .lookup import lookup_dirs, shipped_dir
-from .roles import ROLE_NAME_PATTERN, find_role, role_dirs
+from .roles import ROLE_NAME_PATTERN, find_role, read_roles, role_dirs
 
 __all__ = [
     "AgentSpec",
@@ -343,9 +343,13 @@ class Network:
         """Every agent reachable by name, each from its winning file in `agent_dirs()`.
 
         Raises `ConfigError` for the first winning file that is malformed.
+        The commands load it once, at start; the role files are read now too
+        (`roles.read_roles`), so no file a run writes later becomes an agent
+        or a role.
         """
         index = _index(agent_dirs(cwd, home))
         agents = {name: load_agent_file(index[name], environ=environ) for name in index}
+        read_roles(cwd, home)
         return cls(agents, cwd=cwd, home=home)
 
     @classmethod

@@ -53,6 +53,7 @@ from anyio.abc import TaskStatus as StartedStatus
 from . import tracing
 from .access import Access
 from .api import OWNER_KEY, api_routes
+from .budgets import PriceTable
 from .cards import CardOptions
 from .control import ControlPlane
 from .events import ChildEvent, Done, Failed, MessageDelta, Started
@@ -336,6 +337,9 @@ class OrchestratorExecutor(AgentExecutor):
         self._parent_lock = anyio.Lock()
         self._unfollowed: dict[str, ChildEvent] = {}
         """Task id -> how its run ended while no request followed the task."""
+        # The operator's price table (`A2A_PRICES`), read once at start like
+        # the rest of the configuration: not again for each session opened.
+        prices = PriceTable.from_env()
         self.host = _Host(
             lambda session_id: Session(
                 store,
@@ -348,6 +352,7 @@ class OrchestratorExecutor(AgentExecutor):
                 sandbox=sandbox,
                 policy=policy,
                 push=push,
+                prices=prices,
             ),
         )
 

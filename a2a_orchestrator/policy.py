@@ -45,7 +45,7 @@ from .hooks import Deny
 from .lookup import toml_tables
 from .network import AgentSpec
 from .overrides import offered_models, operator_models
-from .roles import Role, find_role
+from .roles import Role, find_role, read_roles
 
 __all__ = [
     "Narrow",
@@ -109,9 +109,11 @@ class SpawnPolicy:
     """The rules a session applies to every spawn, in order."""
 
     def __init__(self, rules: Sequence[Policy] = (), *, cwd: Path | None = None) -> None:
-        """`cwd`: where role files are looked up (default: the process's)."""
+        """`cwd`: where role files are looked up (default: the process's);
+        they are read now, as the policy is made at start (`roles.read_roles`)."""
         self.rules: list[Policy] = list(rules)
         self.cwd = cwd
+        read_roles(cwd)
 
     def add(self, rule: Policy) -> Policy:
         """Add a rule (usable as a decorator)."""

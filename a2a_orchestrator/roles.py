@@ -8,25 +8,32 @@ Either way the role's name is the file's stem; a `name` field, when present, mus
 
 Lookup contract: `role_dirs()` lists the directories in priority order, and
 the first directory holding `<name>.md` or `<name>.json` wins (within one
-directory `.md` beats `.json`). A file is parsed only when it is asked for,
-so a broken file in one directory never hides a good role in another, and
-`list_roles()` raises `RoleFileError` for the first broken file it loads.
+directory `.md` beats `.json`). A broken file in one directory never hides
+a good role in another; `list_roles()` raises `RoleFileError` for the first
+broken file it loads.
 
-Parsed roles are cached by the file's resolved path and its (modification
-time in ns, size, inode): a spawn that finds an unchanged file does not
-read or parse it again, an edited or replaced file is read afresh. Only good
-files are cached; a broken one is read (and refused) each time.
+What configures a run is never writable by a run: the directories of one
+project (`cwd`, `home`) are read once, at the first lookup there or at
+`read_roles()` (`serve`, `run`, `resume` and `demo` call it at start, before
+any model runs), and every later lookup answers from that snapshot. A role file a
+command or a file tool writes while the process runs (a `roles/` a command
+created, a shipped role shadowed, an edited one) is never taken; the
+operator's change needs a restart, or `reload_roles()` from the Python API.
+A spawn's lookup is a dictionary read.
+
+Parsed files are cached by the file's path and its (modification
+time in ns, size, inode), so a snapshot taken again (`reload_roles()`) or
+`load_role_file` on an unchanged file does not read or parse it again. Only
+good files are cached; a broken one is read (and refused) each time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import math
 import os
 import re
-import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -47,6 +54,8 @@ __all__ = [
     "find_role",
     "list_roles",
     "load_role_file",
+    "read_roles",
+    "reload_roles",
     "role_cache",
     "role_dirs",
     "shipped_roles_dir",
@@ -202,20 +211,21 @@ def find_role(
     cwd: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
 ) -> Role:
-    """Load the role called `name` from the first lookup directory that has it.
+    """The role called `name`, from the first lookup directory that had it
+    when this project's roles were read (see the module docstring).
 
     Raises `ConfigError` for an invalid name, `RoleNotFoundError` (listing
-    every known role, sorted) when no directory has it, and `RoleFileError`
+    every known role, sorted) when no directory had it, and `RoleFileError`
     when the file found is malformed.
     """
     validate_role_name(name)
-    # Every spawn looks its role up: the first hit wins, so the directories
-    # are not resolved to drop a repeat (four realpaths a spawn).
-    for directory in lookup_dirs("roles", cwd=cwd, home=home, distinct=False):
-        found = _role_file_in(directory, name)
-        if found is not None:
-            return role_cache.load(*found)
-    raise RoleNotFoundError(name, sorted(_index(role_dirs(cwd, home))))
+    found = _snapshot(cwd, home).get(name)
+    if found is None:
+        raise RoleNotFoundError(name, sorted(_snapshot(cwd, home)))
+    if isinstance(found, RoleFileError):
+        # The same refusal each time, not a traceback that grows with each raise.
+        raise found.with_traceback(None)
+    return found
 
 
 def list_roles(
@@ -225,11 +235,69 @@ def list_roles(
 ) -> dict[str, Role]:
     """Every role reachable by name, sorted by name, each from its winning file.
 
-    Raises `RoleFileError` for the first winning file that is malformed; a
-    shadowed file is never read.
+    Raises `RoleFileError` for the first winning file (by name) that is
+    malformed; a shadowed file is never read.
     """
-    index = _index(role_dirs(cwd, home))
-    return {name: load_role_file(index[name]) for name in sorted(index)}
+    listed: dict[str, Role] = {}
+    for name, found in sorted(_snapshot(cwd, home).items()):
+        if isinstance(found, RoleFileError):
+            raise found.with_traceback(None)
+        listed[name] = found
+    return listed
+
+
+def read_roles(
+    cwd: str | os.PathLike[str] | None = None, home: str | os.PathLike[str] | None = None
+) -> None:
+    """Take this project's snapshot now, if no lookup has: the commands that
+    run models call it at start, before any model runs (`commands`). A
+    broken file is refused when its role is asked for, as always."""
+    _snapshot(cwd, home)
+
+
+def reload_roles() -> None:
+    """Forget every project's snapshot: the next lookup reads the role
+    directories again. The operator's reload, never a model's: nothing a
+    run does calls it."""
+    with _snapshots_lock:
+        _snapshots.clear()
+
+
+# What each project's lookup found, by (cwd, home) as given: a role, or the
+# refusal of its broken file. Never evicted: a snapshot dropped and taken
+# again would take what a run wrote since.
+_snapshots: dict[tuple[str, str], dict[str, Role | RoleFileError]] = {}
+_snapshots_lock = threading.Lock()
+
+
+def _snapshot(
+    cwd: str | os.PathLike[str] | None, home: str | os.PathLike[str] | None
+) -> dict[str, Role | RoleFileError]:
+    key = (
+        os.getcwd() if cwd is None else os.fspath(cwd),
+        # What `expanduser("~")` reads first, at a seventh of its cost.
+        (os.environ.get("HOME") or os.path.expanduser("~")) if home is None else os.fspath(home),
+    )
+    found = _snapshots.get(key)
+    if found is not None:
+        return found
+    # Read under the lock: two first lookups at once take one snapshot, not
+    # two a write between them could tell apart.
+    with _snapshots_lock:
+        found = _snapshots.get(key)
+        if found is None:
+            found = _snapshots[key] = _read_roles(role_dirs(*key))
+    return found
+
+
+def _read_roles(dirs: list[Path]) -> dict[str, Role | RoleFileError]:
+    found: dict[str, Role | RoleFileError] = {}
+    for name, path in _index(dirs).items():
+        try:
+            found[name] = role_cache.load(path)
+        except RoleFileError as exc:
+            found[name] = exc
+    return found
 
 
 class RoleCache:
@@ -248,19 +316,18 @@ class RoleCache:
         self.parses = 0
         """Role files read and parsed so far (a cache miss each)."""
 
-    def load(self, path: Path, st: os.stat_result | None = None) -> Role:
-        """The role in `path`; `st`: its stat, when the caller just took it."""
+    def load(self, path: Path) -> Role:
+        """The role in `path`, parsed again only when its stat changed."""
         # Keyed by the path as given (no `resolve`: a realpath is an lstat
-        # per component, on every spawn); another spelling of the same
-        # file is cached apart, under the same stat check.
+        # per component); another spelling of the same file is cached
+        # apart, under the same stat check.
         key = (path, path.name)
-        if st is None:
-            try:
-                # Taken before the read: an edit landing in between gives a newer
-                # stat next time, so the file is read again rather than kept stale.
-                st = os.stat(path)
-            except (OSError, RuntimeError):
-                return self._parse(path)  # the parse reports the problem
+        try:
+            # Taken before the read: an edit landing in between gives a newer
+            # stat next time, so the file is read again rather than kept stale.
+            st = os.stat(path)
+        except (OSError, RuntimeError):
+            return self._parse(path)  # the parse reports the problem
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         with self._lock:
             cached = self._roles.get(key)
@@ -331,39 +398,6 @@ def _parse_role_file(path: Path) -> Role:
 
 
 # --- lookup helpers -----------------------------------------------------------
-
-
-def _role_file_in(directory: Path, name: str) -> tuple[Path, os.stat_result] | None:
-    """The role file called `name` in `directory`, with its stat (taken
-    before it is read, as `RoleCache.load` needs it), or None. Plain
-    `os.stat` on strings: every spawn looks its role up, and pathlib's
-    `is_dir`/`is_file` cost several times the system call."""
-    where = os.fspath(directory)
-    found = _stat(where)
-    if found is None or not stat.S_ISDIR(found.st_mode):
-        return None  # one stat for a missing directory, not one per suffix
-    for suffix in _SUFFIXES:
-        found = _stat(os.path.join(where, name + suffix))
-        if found is not None and stat.S_ISREG(found.st_mode):
-            return directory / (name + suffix), found
-    return None
-
-
-def _stat(path: str) -> os.stat_result | None:
-    """`os.stat(path)`, or None where pathlib's `is_dir`/`is_file` read "not
-    there"; any other error is raised (a directory it may not search is not
-    skipped for a lower one)."""
-    try:
-        return os.stat(path)
-    except ValueError:
-        return None
-    except OSError as exc:
-        if exc.errno in _ABSENT:
-            return None
-        raise
-
-
-_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 
 
 def _index(dirs: list[Path]) -> dict[str, Path]:

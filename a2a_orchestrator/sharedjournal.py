@@ -11,8 +11,8 @@ another's open calls because their process is not local (it may run on
 another machine). A conversation's open calls are recovered by the replica
 that took its lease (`task_leases.py`), which proves nobody else runs it: they
 are closed as interrupted, and what they left running is ended when it runs
-on this machine (the same boot; `procs.end_leftovers` checks each process
-group's start time).
+on this machine (the same boot and host; `procs.end_leftovers` checks each
+process group's start time): `journal.recovery`, the rule every journal keeps.
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-import anyio.to_thread
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .journal import JournalRow, ToolJournal, _boot_id
-from .procs import end_leftovers
+from .journal import JournalRow, ToolJournal
 
 __all__ = ["SharedToolJournal"]
 
@@ -35,7 +33,9 @@ _SCHEMA = (
     "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
     "arguments TEXT NOT NULL, runner_pid BIGINT NOT NULL, runner_ticks BIGINT NOT NULL, "
     "runner_boot TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL, pgid BIGINT, "
-    "pgid_ticks BIGINT, finished_at DOUBLE PRECISION, outcome TEXT)",
+    "pgid_ticks BIGINT, finished_at DOUBLE PRECISION, outcome TEXT, runner_host TEXT)",
+    # A table from before rows named their host: its rows keep NULL.
+    "ALTER TABLE tool_calls ADD COLUMN IF NOT EXISTS runner_host TEXT",
     "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL",
 )
 
@@ -90,17 +90,4 @@ class SharedToolJournal(ToolJournal):
         calls of other replicas are theirs while their leases live."""
         if scope is None:
             return []
-        rows = await self.unfinished(scope)
-        if not rows:
-            return []
-        boot = _boot_id()
-        groups = [
-            (row.pgid or 0, row.pgid_ticks or 0, row.marker)
-            for row in rows
-            if row.runner_boot == boot
-        ]
-        if groups:
-            await anyio.to_thread.run_sync(end_leftovers, groups)
-        for row in rows:
-            await self.finished(row.marker, "interrupted")
-        return rows
+        return await self._recover(await self.unfinished(scope), taken_over=True)

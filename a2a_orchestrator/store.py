@@ -257,6 +257,13 @@ def m007_push_tokens(db: sqlite_utils.Database) -> None:
     )
 
 
+@MIGRATIONS()
+def m008_tool_call_host(db: sqlite_utils.Database) -> None:
+    # Journal rows name their runner's host (`journal.recovery`); the
+    # table's own check adds the column.
+    create_table(db.conn)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChildRecord:
     """One row of the children table."""

@@ -128,6 +128,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX session_leases_expiry ON session_leases (expires_at);
         """,
     ),
+    (
+        "m003_tool_call_host",
+        # A journal row names its runner's host as well as its boot id: rows
+        # are judged by the machine they were written on (`journal.recovery`).
+        "ALTER TABLE tool_calls ADD COLUMN runner_host TEXT;",
+    ),
 ]
 """(name, SQL) in order; each applied once per database (`a2a_migrations`)."""
 

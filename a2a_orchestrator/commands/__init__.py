@@ -40,14 +40,27 @@ def _stoppable(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Any:
     return stoppable
 
 
+def _configured(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Any:
+    """`command` runs models: the role files are read before any of them
+    runs, so nothing a model's command writes later is taken as a role."""
+
+    async def configured(args: argparse.Namespace) -> int:
+        from ..roles import read_roles
+
+        read_roles()
+        return await command(args)
+
+    return configured
+
+
 ASYNC_COMMANDS = {
-    "demo": sessions.demo,
-    "run": _stoppable(sessions.run),
-    "serve": _stoppable(serve.serve),
+    "demo": _configured(sessions.demo),
+    "run": _stoppable(_configured(sessions.run)),
+    "serve": _stoppable(_configured(serve.serve)),
     "status": queries.status,
     "children": queries.children,
     "events": queries.events,
     "stop": stop.stop,
-    "resume": _stoppable(sessions.resume),
+    "resume": _stoppable(_configured(sessions.resume)),
     "token": serve.token,
 }

@@ -29,7 +29,14 @@ from .common import (
     workdir_of,
 )
 
-__all__ = ["access_of", "metrics_of", "serve", "token"]
+__all__ = [
+    "access_of",
+    "check_secret_files",
+    "metrics_of",
+    "secret_files",
+    "serve",
+    "token",
+]
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -42,6 +49,8 @@ async def serve(args: argparse.Namespace) -> int:
     from ..session import keep_out_of_git
 
     workdir = workdir_of(args.workdir)
+    sandbox = sandbox_of(args)
+    check_secret_files(secret_files(args), workdir, sandboxed=sandbox.enabled)
     # A role server keeps its journal (and by default its task store) there.
     keep_out_of_git(workdir / ".a2a")
     settings, models = settings_and_models()
@@ -49,7 +58,6 @@ async def serve(args: argparse.Namespace) -> int:
     if not 0 <= port <= 65535:
         raise OrchestratorError(f"port {port} is not in 0..65535")
     access = access_of(args)
-    sandbox = sandbox_of(args)
     metrics = metrics_of(args)
     common = dict(
         host=args.host,
@@ -146,6 +154,48 @@ async def serve(args: argparse.Namespace) -> int:
         await server.stopped.wait()
     say(f"{name}: stopped")
     return 0
+
+
+def secret_files(args: argparse.Namespace) -> dict[str, Path]:
+    """The files `serve` reads secrets from, by what they are: the callers
+    file (its token hashes say who a caller is) and the card's signing key
+    (each flag, else its variable; a key given as PEM text is no file)."""
+    from ..cards import CARD_KEY_ENV
+
+    files: dict[str, Path] = {}
+    callers = args.callers or os.environ.get("A2A_CALLERS_FILE") or None
+    if callers:
+        files["the callers file"] = Path(callers)
+    key = args.card_key or os.environ.get(CARD_KEY_ENV, "").strip() or None
+    if key and not str(key).startswith("-----BEGIN"):
+        files["the card key"] = Path(key).expanduser()
+    return files
+
+
+def check_secret_files(files: dict[str, Path], workdir: Path, *, sandboxed: bool) -> None:
+    """Refuse a secret file the server's tools or commands could write: one
+    inside the work directory, except in its `.a2a/` while commands run
+    sandboxed (the file tools refuse `.a2a/` and the sandbox hides it). A
+    model that rewrote the callers file would choose who a caller is."""
+    from ..tools.reserved import STATE_DIR
+
+    root = Path(os.path.realpath(workdir))
+    state = root / STATE_DIR
+    for what, path in files.items():
+        # Where the file really is: a link from elsewhere into the work
+        # directory is the work directory's file.
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(root) or (sandboxed and real.is_relative_to(state)):
+            continue
+        move = (
+            "keep it outside the work directory (e.g. in /etc/a2a/ or ~/.config/a2a-orchestrator/)"
+        )
+        if sandboxed:
+            move += f" or in {state}/, which tools and commands cannot reach"
+        raise OrchestratorError(
+            f"{what} {path} is inside the work directory {root}, where the server's tools "
+            f"and commands can write it: {move}"
+        )
 
 
 def metrics_of(args: argparse.Namespace) -> dict[str, bool]:

@@ -135,7 +135,9 @@ def resolve_model(
     `"scripted"` replays `settings.script`. When `settings.offline`, or for a
     bare `"scripted"` without a script file, the model is scripted from
     `settings.script`, else `fallback_script`, else `OFFLINE_SCRIPT`.
-    A bad script file raises `ConfigError`.
+    A bad script file raises `ConfigError`. A script file is read once per
+    process: later resolutions replay that first read, whatever the file
+    holds by then.
     """
     if name is None or name == "default":
         concrete = settings.default
@@ -144,7 +146,7 @@ def resolve_model(
     else:
         concrete = name
     if concrete.startswith(_SCRIPTED + ":"):
-        return ScriptedModel.from_file(concrete.removeprefix(_SCRIPTED + ":"))
+        return _script(concrete.removeprefix(_SCRIPTED + ":"))
     if concrete == _SCRIPTED or settings.offline:
         return _offline_model(settings, fallback_script)
     # Imported here: the openai package is loaded only for an endpoint model.
@@ -199,10 +201,26 @@ def _offline_model(
     settings: ModelSettings, fallback_script: Sequence[Mapping[str, Any]] | None
 ) -> ScriptedModel:
     if settings.script:
-        return ScriptedModel.from_file(settings.script)
+        return _script(settings.script)
     if fallback_script is not None:
         return ScriptedModel(fallback_script)
     return ScriptedModel(OFFLINE_SCRIPT, name="scripted:offline")
+
+
+# Script files read so far, by absolute path. A script is configuration: the
+# first read is kept for the process's life, so a file a model's command
+# rewrites between two spawns is not what the next child replays (the model
+# is stateless, so one instance serves every conversation).
+_scripts: dict[str, ScriptedModel] = {}
+
+
+def _script(path: str) -> ScriptedModel:
+    key = os.path.abspath(path)
+    model = _scripts.get(key)
+    if model is None:
+        # A broken file is refused each time, never kept.
+        model = _scripts.setdefault(key, ScriptedModel.from_file(path))
+    return model
 
 
 def is_scripted(model: Model) -> bool:
