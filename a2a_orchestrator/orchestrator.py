@@ -651,17 +651,17 @@ async def run_orchestrator_server(
     if isinstance(store, PgStore):
         leases = executor.use_leases(store, url=url, seconds=lease_seconds)
         logger.info("orchestrator replica %s (leases of %ss)", leases.owner, lease_seconds)
+    view = [
+        *api_routes(store, lambda: executor.planes),
+        *ui_routes(store, lambda: executor.sessions),
+    ]
     app = build_app(
         executor,
         card_options.finish(card),  # signed last: after every interface is listed
         open_task_store(db),
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
-        extra_routes=[
-            *api_routes(store, lambda: executor.planes),
-            *ui_routes(store, lambda: executor.sessions),
-            *receiver.routes(),
-        ],
+        extra_routes=[*view, *receiver.routes()],
         metrics=_server_metrics(executor) if metrics else None,
         metrics_public=metrics_public,
         # Agents post there with the child's own token, not a caller's.
@@ -669,8 +669,9 @@ async def run_orchestrator_server(
         push_policy=push_policy,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
-    # server's own authentication then checks (ui_auth.py).
-    app.add_middleware(BrowserLogin, access=access)
+    # server's own authentication then checks (ui_auth.py), on the view's
+    # own routes only.
+    app.add_middleware(BrowserLogin, access=access, cookie_routes=view)
     try:
         async with run_server(
             app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc
