@@ -664,8 +664,9 @@ async def run_orchestrator_server(
         extra_routes=[*view, *receiver.routes()],
         metrics=_server_metrics(executor) if metrics else None,
         metrics_public=metrics_public,
-        # Agents post there with the child's own token, not a caller's.
-        public_prefixes=[PUSH_PREFIX],
+        # Agents post there with the child's own token, not a caller's,
+        # checked before their body is read.
+        own_credentials={PUSH_PREFIX: receiver.check},
         push_policy=push_policy,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the

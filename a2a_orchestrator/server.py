@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +71,7 @@ from .middleware import (
     DEFAULT_MAX_BODY,
     BodyLimitMiddleware,
     CallerBackend,
+    HeaderCheck,
     auth_error,
 )
 from .models.base import Model
@@ -362,7 +363,7 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     metrics: Metrics | None = None,
     metrics_public: bool = False,
-    public_prefixes: Sequence[str] = (),
+    own_credentials: Mapping[str, HeaderCheck] | None = None,
     push_policy: PushPolicy | None = None,
     event_stream: TaskEventStream | None = None,
 ) -> Starlette:
@@ -373,9 +374,10 @@ def build_app(
     neither: anyone); each caller sees only its own tasks, and is held to
     its limits, its usage recorded in `usage`. `extra_routes` (the
     orchestrator's HTTP control API) sit behind the same auth and body
-    limits as the A2A endpoints, except paths under `public_prefixes`
-    (routes that check a credential of their own, the orchestrator's
-    webhooks). `push_policy`: which webhook URLs callers may register for
+    limits as the A2A endpoints, except paths under a prefix of
+    `own_credentials` (routes that take a credential of their own, the
+    orchestrator's webhooks), which its check lets in on their headers
+    before their body is read. `push_policy`: which webhook URLs callers may register for
     push notifications (default: public addresses only; `push.py`).
 
     `metrics` (None: none) are served at `/metrics`, behind the same auth
@@ -486,6 +488,7 @@ def build_app(
             max_bytes=max_body,
             timeout=body_timeout,
             bodyless_paths=public,
+            header_checks=own_credentials,
         )
     ]
     if metrics is not None:
@@ -495,7 +498,9 @@ def build_app(
     if quotas is not None:
         middleware.append(Middleware(RefusalMiddleware))
     if access is not None:
-        backend = CallerBackend(access, public_paths=public, public_prefixes=public_prefixes)
+        backend = CallerBackend(
+            access, public_paths=public, public_prefixes=list(own_credentials or ())
+        )
         # Outermost (first): a request without a good credential is refused
         # on its headers, before the body middleware reads a byte.
         middleware.insert(

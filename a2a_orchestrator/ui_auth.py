@@ -165,9 +165,14 @@ class BrowserLogin:
         if origin is not None and origin != _own_origin(scope):
             await _send(send, 403, "text/plain", b"cross-origin login refused")
             return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > _MAX_FORM:
+            # Refused unread: a login form is small, and nobody is known yet.
+            await _send(send, 413, "text/plain", b"form too large", close=True)
+            return
         body = await _read_form(receive)
         if body is None:
-            await _send(send, 413, "text/plain", b"form too large or too slow")
+            await _send(send, 413, "text/plain", b"form too large or too slow", close=True)
             return
         credential = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
         try:
@@ -261,12 +266,16 @@ _SECURITY_HEADERS = [
 ]
 
 
-async def _send(send: Send, status: int, content_type: str, body: bytes) -> None:
+async def _send(
+    send: Send, status: int, content_type: str, body: bytes, *, close: bool = False
+) -> None:
     headers = [
         (b"content-type", content_type.encode()),
         (b"content-length", str(len(body)).encode()),
         *_SECURITY_HEADERS,
     ]
+    if close:
+        headers.append((b"connection", b"close"))  # what is left of the body is never read
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
