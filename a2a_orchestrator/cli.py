@@ -321,6 +321,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $A2A_PUSH_MAX_PER_OWNER or 1000)",
     )
     serve.add_argument(
+        "--max-streams-per-caller",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="event streams one caller may hold open (A2A streams and the web view's "
+        "together; past it: refused, HTTP 429 on HTTP) "
+        "(default: $A2A_MAX_STREAMS_PER_CALLER or 64)",
+    )
+    serve.add_argument(
+        "--max-streams",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="event streams the server holds open, all callers together "
+        "(default: $A2A_MAX_STREAMS or 1024)",
+    )
+    serve.add_argument(
         "--lease-seconds",
         type=_positive,
         default=None,

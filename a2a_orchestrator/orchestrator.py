@@ -73,6 +73,7 @@ from .session_leases import LEASE_SECONDS, Leases, SessionOwnedElsewhere
 from .store import Store
 from .store_pg import PgStore
 from .stores import open_store
+from .streams import StreamLimits, StreamSlots
 from .tools import Sandbox
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .transports.local import check_sandbox
@@ -592,6 +593,7 @@ async def run_orchestrator_server(
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
     push_policy: PushPolicy | None = None,
+    stream_limits: StreamLimits | None = None,
     lease_seconds: float = LEASE_SECONDS,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
@@ -611,7 +613,9 @@ async def run_orchestrator_server(
 
     `push_policy`: the webhook URLs its callers may register (`push.py`);
     its own webhook endpoint for agents in push mode is served at
-    /a2a/push/ (`transports/push_receiver.py`).
+    /a2a/push/ (`transports/push_receiver.py`). `stream_limits`: the
+    streams it holds open, A2A and web view together, per caller and in all
+    (`streams.py`; default: `StreamLimits()`).
 
     `store_path` may be a PostgreSQL URL (`store_pg.py`): replicas sharing it
     run each session under a lease of `lease_seconds` and take over the
@@ -651,9 +655,10 @@ async def run_orchestrator_server(
     if isinstance(store, PgStore):
         leases = executor.use_leases(store, url=url, seconds=lease_seconds)
         logger.info("orchestrator replica %s (leases of %ss)", leases.owner, lease_seconds)
+    streams = StreamSlots(stream_limits)
     view = [
         *api_routes(store, lambda: executor.planes),
-        *ui_routes(store, lambda: executor.sessions),
+        *ui_routes(store, lambda: executor.sessions, streams),
     ]
     app = build_app(
         executor,
@@ -668,6 +673,7 @@ async def run_orchestrator_server(
         # checked before their body is read.
         own_credentials={PUSH_PREFIX: receiver.check},
         push_policy=push_policy,
+        streams=streams,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py), on the view's
