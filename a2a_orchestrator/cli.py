@@ -325,17 +325,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_count,
         default=None,
         metavar="N",
-        help="event streams one caller may hold open (A2A streams and the web view's "
-        "together; past it: refused, HTTP 429 on HTTP) "
-        "(default: $A2A_MAX_STREAMS_PER_CALLER or 64)",
+        help="A2A event streams one caller may hold open, past it refused (HTTP 429 on "
+        "HTTP+JSON); the web view's at most 16 of it "
+        "(default: $A2A_MAX_STREAMS_PER_CALLER or 512)",
     )
     serve.add_argument(
         "--max-streams",
         type=_count,
         default=None,
         metavar="N",
-        help="event streams the server holds open, all callers together "
-        "(default: $A2A_MAX_STREAMS or 1024)",
+        help="A2A event streams the server holds open, all callers together, and as "
+        "many web view streams (default: $A2A_MAX_STREAMS or 2048)",
     )
     serve.add_argument(
         "--lease-seconds",

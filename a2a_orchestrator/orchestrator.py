@@ -614,7 +614,7 @@ async def run_orchestrator_server(
     `push_policy`: the webhook URLs its callers may register (`push.py`);
     its own webhook endpoint for agents in push mode is served at
     /a2a/push/ (`transports/push_receiver.py`). `stream_limits`: the
-    streams it holds open, A2A and web view together, per caller and in all
+    A2A streams it holds open, per caller and in all, and the web view's
     (`streams.py`; default: `StreamLimits()`).
 
     `store_path` may be a PostgreSQL URL (`store_pg.py`): replicas sharing it
@@ -655,10 +655,12 @@ async def run_orchestrator_server(
     if isinstance(store, PgStore):
         leases = executor.use_leases(store, url=url, seconds=lease_seconds)
         logger.info("orchestrator replica %s (leases of %ss)", leases.owner, lease_seconds)
-    streams = StreamSlots(stream_limits)
+    limits = stream_limits or StreamLimits()
+    streams = StreamSlots(limits)
     view = [
         *api_routes(store, lambda: executor.planes),
-        *ui_routes(store, lambda: executor.sessions, streams),
+        # Slots of their own, fewer per caller: a person has a few tabs open.
+        *ui_routes(store, lambda: executor.sessions, StreamSlots(limits.for_view())),
     ]
     app = build_app(
         executor,

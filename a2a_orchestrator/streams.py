@@ -10,7 +10,9 @@ starts:
   `handler.RoleRequestHandler` holds the slot) get a2a-sdk's
   `InvalidRequestError` naming the limit, shaped like a quota refusal
   (`quotas.refusal`: `Retry-After`, HTTP 429 on HTTP+JSON).
-- The web view's streams (`ui.py`) get HTTP 429 with a JSON message.
+- The web view's streams (`ui.py`) get HTTP 429 with a JSON message. They
+  have slots of their own, at most `VIEW_PER_CALLER` (16) per caller: they
+  are a person's pages, and each polls the store.
 
 A slot is held from the stream's start until it ends or its client goes.
 """
@@ -27,6 +29,7 @@ from .errors import ConfigError
 __all__ = [
     "MAX_STREAMS_ENV",
     "MAX_STREAMS_PER_CALLER_ENV",
+    "VIEW_PER_CALLER",
     "StreamLimits",
     "StreamRefused",
     "StreamSlots",
@@ -34,6 +37,9 @@ __all__ = [
 
 MAX_STREAMS_ENV = "A2A_MAX_STREAMS"
 MAX_STREAMS_PER_CALLER_ENV = "A2A_MAX_STREAMS_PER_CALLER"
+
+VIEW_PER_CALLER = 16
+"""Web view streams one caller may hold open (a page holds one)."""
 
 STREAM_RETRY_AFTER = 5
 """Seconds a refused client is told to wait (no stream's end is known)."""
@@ -43,9 +49,11 @@ STREAM_RETRY_AFTER = 5
 class StreamLimits:
     """Streams a server holds open at once."""
 
-    per_caller: int = 64
-    """Of one caller (owner key), A2A and web view together."""
-    per_server: int = 1024
+    per_caller: int = 512
+    """Of one caller (owner key). An orchestrator is one caller of its role
+    servers with a stream per remote child, so this leaves room for a wide
+    fan-out."""
+    per_server: int = 2048
     """Of all callers together."""
 
     @classmethod
@@ -57,6 +65,12 @@ class StreamLimits:
         return cls(
             per_caller=_count(per_caller, MAX_STREAMS_PER_CALLER_ENV, cls.per_caller),
             per_server=_count(per_server, MAX_STREAMS_ENV, cls.per_server),
+        )
+
+    def for_view(self) -> StreamLimits:
+        """The web view's limits: at most `VIEW_PER_CALLER` per caller."""
+        return StreamLimits(
+            per_caller=min(self.per_caller, VIEW_PER_CALLER), per_server=self.per_server
         )
 
 

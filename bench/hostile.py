@@ -173,7 +173,7 @@ async def streams(url: str, count: int) -> None:
                 refusal = json.loads(await response.aread())["error"]["message"]
                 break
             lines = response.aiter_lines()
-            held.push_async_callback(lines.aclose)  # dropping it would close the stream
+            held.push_async_callback(lines.aclose)  # type: ignore[attr-defined]  # kept: dropping it closes the stream
             async for line in lines:
                 if line.startswith("data:"):
                     task_id = task_id or json.loads(line[5:])["result"]["task"]["id"]

@@ -28,7 +28,7 @@ from a2a_orchestrator.network import Network
 from a2a_orchestrator.orchestrator import run_orchestrator_server
 from a2a_orchestrator.roles import find_role
 from a2a_orchestrator.server import RunningServer, run_role_server
-from a2a_orchestrator.streams import StreamLimits
+from a2a_orchestrator.streams import VIEW_PER_CALLER, StreamLimits
 
 pytestmark = pytest.mark.anyio
 
@@ -139,7 +139,7 @@ async def test_streams_past_the_servers_cap_are_refused(tmp_path: Path) -> None:
     assert all("the limit is 2 (operator setting --max-streams)" in r for r in refused.values())
 
 
-async def test_the_web_views_streams_past_the_cap_get_429(tmp_path: Path) -> None:
+async def test_the_web_views_streams_past_their_cap_get_429(tmp_path: Path) -> None:
     # Issue 26 finding 6: one caller's 600 web-view streams slowed the server for everyone.
     async with run_orchestrator_server(
         store_path=tmp_path / "orchestrator.db",
@@ -148,13 +148,12 @@ async def test_the_web_views_streams_past_the_cap_get_429(tmp_path: Path) -> Non
         models=lambda name: ScriptedModel([]),
         db=str(tmp_path / "orchestrator-tasks.db"),
         access=Access(token=TOKEN),
-        stream_limits=StreamLimits(per_caller=2, per_server=100),
     ) as server:
         with anyio.fail_after(30):
             async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
                 await logged_in(http)
                 async with AsyncExitStack() as held:
-                    for _ in range(2):
+                    for _ in range(VIEW_PER_CALLER):
                         response = await held.enter_async_context(http.stream("GET", "/ui/stream"))
                         assert response.status_code == 200
                     refused = await http.get("/ui/stream")
@@ -163,7 +162,7 @@ async def test_the_web_views_streams_past_the_cap_get_429(tmp_path: Path) -> Non
                     while (again := await _first_bytes(http, "/ui/stream")) is None:
                         await anyio.sleep(0.1)
     assert refused.status_code == 429 and refused.headers["retry-after"] == "5"
-    assert "limit is 2 per caller" in refused.json()["detail"]
+    assert f"limit is {VIEW_PER_CALLER} per caller" in refused.json()["detail"]
     assert api.status_code == 200
     assert again.startswith(b"retry:")
 
