@@ -23,6 +23,7 @@ from google.protobuf.json_format import ParseDict
 from test_ui import TOKEN, logged_in
 
 from a2a_orchestrator.access import Access
+from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import Network
 from a2a_orchestrator.orchestrator import run_orchestrator_server
@@ -175,3 +176,19 @@ async def _first_bytes(http: httpx.AsyncClient, path: str) -> bytes | None:
         async for chunk in response.aiter_bytes():
             return chunk
     return b""
+
+
+def test_stream_limits_come_from_the_flags_else_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("A2A_MAX_STREAMS", raising=False)
+    monkeypatch.setenv("A2A_MAX_STREAMS_PER_CALLER", "7")
+    assert StreamLimits.from_settings() == StreamLimits(per_caller=7, per_server=2048)
+    assert StreamLimits.from_settings(3, 9) == StreamLimits(per_caller=3, per_server=9)
+    assert StreamLimits(per_caller=7).for_view().per_caller == 7
+    assert StreamLimits().for_view().per_caller == VIEW_PER_CALLER
+    monkeypatch.setenv("A2A_MAX_STREAMS", "many")
+    with pytest.raises(ConfigError, match="A2A_MAX_STREAMS: 'many' is not a whole number"):
+        StreamLimits.from_settings()
+    with pytest.raises(ConfigError, match="at least 1"):
+        StreamLimits.from_settings(0, 1)
