@@ -136,6 +136,7 @@ async def test_trickling_heads_are_closed_at_the_deadline_and_the_card_keeps_ans
 
             async def trickle() -> None:
                 stream = await anyio.connect_tcp("127.0.0.1", port)
+                opened = anyio.current_time()
                 async with stream:
                     reply = b""
                     closing = (anyio.EndOfStream, anyio.BrokenResourceError, OSError)
@@ -148,7 +149,7 @@ async def test_trickling_heads_are_closed_at_the_deadline_and_the_card_keeps_ans
                                 await stream.send(b"X")
                                 with anyio.move_on_after(0.3):
                                     reply += await stream.receive()
-                    closed_after.append(anyio.current_time() - started)
+                    closed_after.append(anyio.current_time() - opened)
                     replies.append(reply)
 
             async with anyio.create_task_group() as tg:
@@ -158,7 +159,9 @@ async def test_trickling_heads_are_closed_at_the_deadline_and_the_card_keeps_ans
     assert len(closed_after) == count
     assert max(latencies) < 1.0, latencies
     assert all(reply.startswith(b"HTTP/1.1 408") for reply in replies), replies[:3]
-    assert deadline - 0.2 <= min(closed_after) and max(closed_after) < deadline + 2
+    # Timed from each connection's opening (the server's clock starts when it
+    # accepts, a little later under load).
+    assert deadline - 0.2 <= min(closed_after) and max(closed_after) < deadline + 2.5
 
 
 async def test_past_the_pending_heads_cap_the_longest_waiting_is_closed() -> None:
