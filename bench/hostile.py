@@ -2,7 +2,8 @@
 request heads and one caller's pile of streams. Loopback only, bounded in
 count and time; it stops by itself.
 
-    python bench/hostile.py [--trickle 500] [--silent 1500] [--streams 100] [--quick]
+    python bench/hostile.py [--trickle 500] [--silent 1500] [--streams 100]
+                            [--uploads 300] [--quick]
 
 - trickle: `--trickle` connections each send a request line, then one header
   byte every 0.5 s, never ending the head; meanwhile the card is fetched
@@ -16,6 +17,10 @@ count and time; it stops by itself.
   server started with `--max-streams-per-caller 32` (a slow scripted model
   keeps them open): how many were accepted, what the next one got, and the
   card's and GetTask's latency while they are held.
+- uploads: `--uploads` connections each announce a 3.75 MiB body to
+  `serve orchestrator`'s push webhook (`/a2a/push/x`) without its token and
+  send 64 KiB of it: how many were refused before the rest was sent, and
+  the server's memory before and while they are held; then the same to `/`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from a2a_orchestrator.serving import HEAD_TIMEOUT, MAX_PENDING_HEADS
 CARD = "/.well-known/agent-card.json"
 STREAM_CAP = 32
 SLOW = {"delay": 60, "text": "late"}
+TOKEN_ENV = "A2A_HOSTILE_BENCH_TOKEN"
 
 
 def open_fds(pid: int) -> int:
@@ -192,6 +198,52 @@ async def streams(url: str, count: int) -> None:
     print("  " + latency_line("GetTask while held", get_times))
 
 
+async def uploads(work: Path, count: int, path: str) -> None:
+    # With auth on, so `/` refuses a body without a token too.
+    os.environ[TOKEN_ENV] = uuid.uuid4().hex
+    flags = ["--token-env", TOKEN_ENV]
+    processes, urls = start_servers(1, work, [SLOW], role="orchestrator", flags=flags)
+    try:
+        port = int(urls[0].rsplit(":", 1)[1].strip("/"))
+        pid = processes[0].pid
+        rss_before = rss_mib(pid)
+        size = 3 * 1024 * 1024 + 768 * 1024
+        answered = 0
+        connections: list[anyio.abc.SocketStream] = []
+
+        async def one() -> None:
+            nonlocal answered
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            connections.append(stream)
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+                + f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n".encode()
+            )
+            try:
+                await stream.send(head + b" " * 65536)
+                with anyio.move_on_after(5):
+                    if (await stream.receive()).startswith(b"HTTP/1.1 4"):
+                        answered += 1
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                pass
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(count):
+                    tg.start_soon(one)
+            rss_during = rss_mib(pid)
+        finally:
+            for stream in connections:
+                await stream.aclose()
+    finally:
+        stop_servers(processes)
+    print(
+        f"uploads: {count} unauthenticated 3.75 MiB uploads to {path}, "
+        f"{answered} refused before their body was sent"
+    )
+    print(f"  server RSS {rss_before:.0f} MiB before, {rss_during:.0f} MiB while held")
+
+
 async def main(args: argparse.Namespace) -> None:
     print(machine_line())
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,6 +265,10 @@ async def main(args: argparse.Namespace) -> None:
                 await streams(url, args.streams)
         finally:
             stop_servers(processes)
+        with anyio.fail_after(240):
+            # The push webhook has a token of its own; / the callers' auth.
+            for path in ("/a2a/push/x", "/"):
+                await uploads(work, args.uploads, path)
 
 
 if __name__ == "__main__":
@@ -220,8 +276,10 @@ if __name__ == "__main__":
     parser.add_argument("--trickle", type=int, default=500)
     parser.add_argument("--silent", type=int, default=1500)
     parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument("--uploads", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="a small run (tests)")
     args = parser.parse_args()
     if args.quick:
         args.trickle, args.silent, args.streams = 30, MAX_PENDING_HEADS + 20, STREAM_CAP + 2
+        args.uploads = 20
     anyio.run(main, args)

@@ -63,6 +63,8 @@ FIGURES = {
         r"silent: \d+ connections sending nothing, \d+ closed at once",
         r"streams: one caller asked for 34, 32 accepted \(cap 32\)",
         r"the next: too many open streams: this caller has 32, the limit is 32 per caller",
+        r"uploads: 20 unauthenticated 3.75 MiB uploads to /a2a/push/x, 20 refused before",
+        r"uploads: 20 unauthenticated 3.75 MiB uploads to /, 20 refused before",
     ],
     "trials.py": [r"SIGKILL trials: 2 \(1 orchestrator, 1 role server\).*lost 0, re-run 0"],
 }
