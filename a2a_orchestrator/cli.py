@@ -332,6 +332,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $A2A_PUSH_MAX_PER_OWNER or 1000)",
     )
     serve.add_argument(
+        "--max-streams-per-caller",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="A2A event streams one caller may hold open, past it refused (HTTP 429 on "
+        "HTTP+JSON); the web view's at most 16 of it "
+        "(default: $A2A_MAX_STREAMS_PER_CALLER or 512)",
+    )
+    serve.add_argument(
+        "--max-streams",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="A2A event streams the server holds open, all callers together, and as "
+        "many web view streams (default: $A2A_MAX_STREAMS or 2048)",
+    )
+    serve.add_argument(
         "--lease-seconds",
         type=_positive,
         default=None,

@@ -34,7 +34,8 @@ by the SDK, and a role server keeps one conversation per context: a message
 opening a task in a context where another caller has tasks is refused
 (invalid params), or it would continue that caller's conversation. A
 message that would start work is admitted by the caller's quotas first
-(`quotas.py`).
+(`quotas.py`), and a stream (SendStreamingMessage, SubscribeToTask) takes
+one of the server's stream slots for its life (`streams.py`).
 
 Repeated messages: a caller that lost its stream before hearing a task's id
 (a crash in the spawn window) may send the same opening message again, with
@@ -50,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -72,8 +73,9 @@ from .conversations import CONTROL_ACTIONS
 from .decoding import TURN_ENDING_STATES
 from .errors import ConfigError, ControlError
 from .executor import NEW_CONTEXT, RoleExecutor
-from .quotas import Quotas
+from .quotas import Quotas, refusal
 from .selectors import Selector
+from .streams import StreamSlots
 from .taskstore import context_owners, task_opened_by
 from .wire import CONFIG_KEY, CONTROL_KEY, PAUSE_ON_KEY, metadata_of, pause_rules_from_wire
 
@@ -95,10 +97,36 @@ class RoleRequestHandler(DefaultRequestHandler):
     _opening: dict[str, asyncio.Lock] | None = None
     """Locks of the task-opening messages being handled, by context/message id."""
 
-    def __init__(self, *args: Any, quotas: Quotas | None = None, **kwargs: Any) -> None:
-        """a2a-sdk's arguments, and the `quotas` that admit work (None: no limits)."""
+    def __init__(
+        self,
+        *args: Any,
+        quotas: Quotas | None = None,
+        streams: StreamSlots | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """a2a-sdk's arguments, the `quotas` that admit work (None: no
+        limits) and the `streams` open streams hold a slot of (None: a
+        `StreamSlots` with the default limits)."""
         super().__init__(*args, **kwargs)
         self.quotas = quotas
+        self.streams = streams if streams is not None else StreamSlots()
+
+    @contextlib.contextmanager
+    def _stream_slot(self, context: ServerCallContext) -> Iterator[None]:
+        owner = resolve_user_scope(context)
+        refused = self.streams.refused(owner)
+        if refused is not None:
+            raise refusal(context, refused.quota, refused.limit, refused.retry_after, str(refused))
+        with self.streams.held(owner):
+            yield
+
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        with self._stream_slot(context):
+            async with contextlib.aclosing(super().on_subscribe_to_task(params, context)) as events:
+                async for event in events:
+                    yield event
 
     def _admitted(self, context: ServerCallContext) -> AbstractAsyncContextManager[None]:
         if self.quotas is None:
@@ -255,6 +283,14 @@ class RoleRequestHandler(DefaultRequestHandler):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
+        with self._stream_slot(context):
+            async with contextlib.aclosing(self._send_stream(params, context)) as events:
+                async for event in events:
+                    yield event
+
+    async def _send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
         controlled = await self._control(params, context)
         if controlled is not None:
             yield controlled
@@ -296,7 +332,8 @@ class RoleRequestHandler(DefaultRequestHandler):
             yield task
             return
         try:
-            async for event in self.on_subscribe_to_task(
+            # The repeated message's own stream holds the slot already.
+            async for event in super().on_subscribe_to_task(
                 SubscribeToTaskRequest(id=task.id), context
             ):
                 yield event

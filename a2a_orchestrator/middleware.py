@@ -3,6 +3,9 @@
 Order (outermost first): auth, then the body. Auth looks at headers only,
 so an unauthenticated request is answered 401 before any byte of its body
 is read, and the connection is closed so that none is read after either.
+Routes that take a credential of their own instead (the orchestrator's push
+webhooks) give the body middleware a `HeaderCheck`, run on the headers
+before the body is read, with the same effect.
 The body is then read whole, bounded in size (413) and in time (408),
 before the app sees it. A 408, or a 413 found while reading, closes the
 connection too. A 413 on a declared Content-Length keeps it: the client (it
@@ -19,7 +22,7 @@ a client needs it to learn which credentials are accepted at all.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import anyio
 from starlette.authentication import (
@@ -42,6 +45,7 @@ __all__ = [
     "BodyLimitMiddleware",
     "CallerBackend",
     "CallerUser",
+    "HeaderCheck",
     "auth_error",
     "owner_of",
 ]
@@ -51,6 +55,11 @@ DEFAULT_MAX_BODY = 4 * 1024 * 1024
 
 DEFAULT_BODY_TIMEOUT = 30.0
 """Seconds a client has to send a request's whole body once its headers arrived."""
+
+
+HeaderCheck = Callable[[HTTPConnection], Awaitable[Response | None]]
+"""A route's own credential check, on the request's headers alone: the
+response refusing it, or None to let it in."""
 
 
 class CallerUser(BaseUser):
@@ -175,23 +184,44 @@ class BodyLimitMiddleware:
         max_bytes: int = DEFAULT_MAX_BODY,
         timeout: float = DEFAULT_BODY_TIMEOUT,
         bodyless_paths: Collection[str] = (),
+        header_checks: Mapping[str, HeaderCheck] | None = None,
     ) -> None:
-        """`bodyless_paths` (the public agent card) take GET and HEAD only:
-        any other method is a 405 with the body unread, so a client without a
-        token cannot make the server buffer a body there."""
+        """`bodyless_paths` (the public agent card) take GET and HEAD only,
+        without a body: any other method is a 405, a body a 413, both with
+        the body unread, so a client without a token cannot make the server
+        buffer a body there. Paths under a
+        prefix of `header_checks` are let in by its check first, on their
+        headers: a refusal is sent with the body unread and the connection
+        closed."""
         self.app = app
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.bodyless = frozenset(bodyless_paths)
+        self.header_checks = tuple(
+            (prefix.rstrip("/") + "/", check) for prefix, check in (header_checks or {}).items()
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["path"] in self.bodyless and scope["method"] not in ("GET", "HEAD"):
-            detail = f"{scope['path']} takes GET only"
-            await _refuse(send, 405, "method not allowed", detail, close=True)
-            return
+        if scope["path"] in self.bodyless:
+            if scope["method"] not in ("GET", "HEAD"):
+                detail = f"{scope['path']} takes GET only"
+                await _refuse(send, 405, "method not allowed", detail, close=True)
+                return
+            if _declares_body(scope):
+                # A GET with a body would otherwise be read here, unauthenticated.
+                detail = f"{scope['path']} takes no request body"
+                await _refuse(send, 413, "payload too large", detail, close=True)
+                return
+        for prefix, check in self.header_checks:
+            if scope["path"].startswith(prefix):
+                refusal = await check(HTTPConnection(scope))
+                if refusal is not None:
+                    refusal.headers["connection"] = "close"
+                    await refusal(scope, receive, send)
+                    return
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 await self._too_large(send)
@@ -234,6 +264,13 @@ class BodyLimitMiddleware:
     async def _too_large(self, send: Send, *, close: bool = False) -> None:
         detail = f"request body over {self.max_bytes} bytes"
         await _refuse(send, 413, "payload too large", detail, close=close)
+
+
+def _declares_body(scope: Scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
 
 
 async def _refuse(send: Send, status: int, error: str, detail: str, *, close: bool) -> None:

@@ -81,6 +81,7 @@ from .session_leases import LEASE_SECONDS, Leases, SessionOwnedElsewhere
 from .store import Store
 from .store_pg import PgStore
 from .stores import open_store
+from .streams import StreamLimits, StreamSlots
 from .tools import Sandbox
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .transports.local import check_sandbox
@@ -730,6 +731,7 @@ async def run_orchestrator_server(
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
     push_policy: PushPolicy | None = None,
+    stream_limits: StreamLimits | None = None,
     lease_seconds: float = LEASE_SECONDS,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
@@ -749,7 +751,9 @@ async def run_orchestrator_server(
 
     `push_policy`: the webhook URLs its callers may register (`push.py`);
     its own webhook endpoint for agents in push mode is served at
-    /a2a/push/ (`transports/push_receiver.py`).
+    /a2a/push/ (`transports/push_receiver.py`). `stream_limits`: the
+    A2A streams it holds open, per caller and in all, and the web view's
+    (`streams.py`; default: `StreamLimits()`).
 
     `store_path` may be a PostgreSQL URL (`store_pg.py`): replicas sharing it
     run each session under a lease of `lease_seconds` and take over the
@@ -789,26 +793,32 @@ async def run_orchestrator_server(
     if isinstance(store, PgStore):
         leases = executor.use_leases(store, url=url, seconds=lease_seconds)
         logger.info("orchestrator replica %s (leases of %ss)", leases.owner, lease_seconds)
+    limits = stream_limits or StreamLimits()
+    streams = StreamSlots(limits)
+    view = [
+        *api_routes(store, lambda: executor.planes),
+        # Slots of their own, fewer per caller: a person has a few tabs open.
+        *ui_routes(store, lambda: executor.sessions, StreamSlots(limits.for_view())),
+    ]
     app = build_app(
         executor,
         card_options.finish(card),  # signed last: after every interface is listed
         open_task_store(db),
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
-        extra_routes=[
-            *api_routes(store, lambda: executor.planes),
-            *ui_routes(store, lambda: executor.sessions),
-            *receiver.routes(),
-        ],
+        extra_routes=[*view, *receiver.routes()],
         metrics=_server_metrics(executor) if metrics else None,
         metrics_public=metrics_public,
-        # Agents post there with the child's own token, not a caller's.
-        public_prefixes=[PUSH_PREFIX],
+        # Agents post there with the child's own token, not a caller's,
+        # checked before their body is read.
+        own_credentials={PUSH_PREFIX: receiver.check},
         push_policy=push_policy,
+        streams=streams,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
-    # server's own authentication then checks (ui_auth.py).
-    app.add_middleware(BrowserLogin, access=access)
+    # server's own authentication then checks (ui_auth.py), on the view's
+    # own routes only.
+    app.add_middleware(BrowserLogin, access=access, cookie_routes=view)
     try:
         async with run_server(
             app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc

@@ -16,7 +16,8 @@ without any (nearly all of them) costs no read.
 Every store here keeps the operator's `PushLimits`: each task event becomes
 one POST per config of the task, so a caller may not register configs
 without bound. A config past a limit (configs per task, all callers';
-configs per caller, all tasks; the length of its URL or token) is refused
+configs per caller, all tasks; the length of any of its fields: URL, token,
+id, tenant, authentication scheme and credentials) is refused
 as invalid params (JSON-RPC -32602, HTTP 400) naming the limit; a config
 registered again under its id replaces itself and counts once.
 """
@@ -67,6 +68,12 @@ class PushLimits:
     """Configs one caller has, all tasks together."""
     url_length: int = 2048
     token_length: int = 1024
+    id_length: int = 256
+    """Of the config's id, and of the tenant and task id it names."""
+    scheme_length: int = 64
+    """Of `authentication.scheme`."""
+    credentials_length: int = 4096
+    """Of `authentication.credentials` (sent as a header with every delivery)."""
 
     @classmethod
     def from_settings(cls, per_task: int | None = None, per_owner: int | None = None) -> PushLimits:
@@ -78,15 +85,26 @@ class PushLimits:
         )
 
     def check_sizes(self, config: TaskPushNotificationConfig) -> None:
-        """Refuse (invalid params) a config whose URL or token is too long."""
-        if len(config.url) > self.url_length:
-            raise InvalidParamsError(
-                message=f"push notification URL longer than {self.url_length} characters"
-            )
-        if len(config.token) > self.token_length:
-            raise InvalidParamsError(
-                message=f"push notification token longer than {self.token_length} characters"
-            )
+        """Refuse (invalid params) a config with a field too long: every
+        string field of it has a limit, so a config is a few KiB at most."""
+        fields = (
+            ("URL", config.url, self.url_length),
+            ("token", config.token, self.token_length),
+            ("id", config.id, self.id_length),
+            ("task id", config.task_id, self.id_length),
+            ("tenant", config.tenant, self.id_length),
+            ("authentication scheme", config.authentication.scheme, self.scheme_length),
+            (
+                "authentication credentials",
+                config.authentication.credentials,
+                self.credentials_length,
+            ),
+        )
+        for name, value, limit in fields:
+            if len(value) > limit:
+                raise InvalidParamsError(
+                    message=f"push notification {name} longer than {limit} characters"
+                )
 
     def check_counts(self, task_configs: int, owner_configs: int) -> None:
         """Refuse (invalid params) one more config when the task already has

@@ -57,6 +57,7 @@ __all__ = [
     "QuotaContextBuilder",
     "Quotas",
     "RefusalMiddleware",
+    "refusal",
 ]
 
 CONCURRENCY_RETRY_AFTER = 5
@@ -215,13 +216,13 @@ class Quotas:
     ) -> None:
         if self.usage is not None:
             await self.usage.add(owner, day, refused=1)
-        cell = context.state.get(_REFUSAL)
-        if isinstance(cell, dict):
-            cell["retry_after"] = retry_after
-        raise InvalidRequestError(
-            message=f"quota exceeded: {quota} is {limit} for this caller ({why}); "
+        raise refusal(
+            context,
+            quota,
+            limit,
+            retry_after,
+            f"quota exceeded: {quota} is {limit} for this caller ({why}); "
             f"retry after {retry_after} s",
-            data={"quota": quota, "limit": limit, "retry_after": retry_after},
         )
 
     def release(self, context: ServerCallContext) -> None:
@@ -254,6 +255,19 @@ class Quotas:
                 await self.usage.add(
                     owner, day, input_tokens=input_tokens, output_tokens=output_tokens
                 )
+
+
+def refusal(
+    context: ServerCallContext, quota: str, limit: int, retry_after: int, message: str
+) -> InvalidRequestError:
+    """The error refusing a request past a limit (a quota, or `streams.py`'s
+    caps), its HTTP shape set for `RefusalMiddleware`."""
+    cell = context.state.get(_REFUSAL)
+    if isinstance(cell, dict):
+        cell["retry_after"] = retry_after
+    return InvalidRequestError(
+        message=message, data={"quota": quota, "limit": limit, "retry_after": retry_after}
+    )
 
 
 def _reported_usage(task: Task) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +71,7 @@ from .middleware import (
     DEFAULT_MAX_BODY,
     BodyLimitMiddleware,
     CallerBackend,
+    HeaderCheck,
     auth_error,
 )
 from .models.base import Model
@@ -80,6 +81,7 @@ from .push import PushPolicy, PushService
 from .quotas import QuotaContextBuilder, Quotas, RefusalMiddleware
 from .roles import Role
 from .serving import bind_socket, serve
+from .streams import StreamLimits, StreamSlots
 from .taskstore import ObservedTaskStore, SQLiteTaskStore, TaskOwner
 from .tools import Sandbox, Workspace
 from .tools.sandbox import UNSANDBOXED_NOTE, store_paths
@@ -362,8 +364,9 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     metrics: Metrics | None = None,
     metrics_public: bool = False,
-    public_prefixes: Sequence[str] = (),
+    own_credentials: Mapping[str, HeaderCheck] | None = None,
     push_policy: PushPolicy | None = None,
+    streams: StreamSlots | None = None,
     event_stream: TaskEventStream | None = None,
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
@@ -373,10 +376,13 @@ def build_app(
     neither: anyone); each caller sees only its own tasks, and is held to
     its limits, its usage recorded in `usage`. `extra_routes` (the
     orchestrator's HTTP control API) sit behind the same auth and body
-    limits as the A2A endpoints, except paths under `public_prefixes`
-    (routes that check a credential of their own, the orchestrator's
-    webhooks). `push_policy`: which webhook URLs callers may register for
+    limits as the A2A endpoints, except paths under a prefix of
+    `own_credentials` (routes that take a credential of their own, the
+    orchestrator's webhooks), which its check lets in on their headers
+    before their body is read. `push_policy`: which webhook URLs callers may register for
     push notifications (default: public addresses only; `push.py`).
+    `streams`: the slots its A2A streams take (default: a `StreamSlots`
+    of the default limits; `streams.py`).
 
     `metrics` (None: none) are served at `/metrics`, behind the same auth
     unless `metrics_public`, and fed from this app's task saves and the
@@ -416,6 +422,7 @@ def build_app(
         task_store=observed,
         agent_card=card,
         quotas=quotas,
+        streams=streams,
         **push.handler_args(),
         event_stream=event_stream,
     )
@@ -486,16 +493,19 @@ def build_app(
             max_bytes=max_body,
             timeout=body_timeout,
             bodyless_paths=public,
+            header_checks=own_credentials,
         )
     ]
     if metrics is not None:
         from .instruments import InstrumentsMiddleware
 
         middleware.append(Middleware(InstrumentsMiddleware, instruments=metrics))
-    if quotas is not None:
-        middleware.append(Middleware(RefusalMiddleware))
+    # A quota's or a stream cap's refusal gets its HTTP shape (429, Retry-After).
+    middleware.append(Middleware(RefusalMiddleware))
     if access is not None:
-        backend = CallerBackend(access, public_paths=public, public_prefixes=public_prefixes)
+        backend = CallerBackend(
+            access, public_paths=public, public_prefixes=list(own_credentials or ())
+        )
         # Outermost (first): a request without a good credential is refused
         # on its headers, before the body middleware reads a byte.
         middleware.insert(
@@ -627,6 +637,7 @@ async def run_role_server(
     install_signal_handlers: bool = False,
     grpc_port: int | None = None,
     push_policy: PushPolicy | None = None,
+    stream_limits: StreamLimits | None = None,
     replica: ReplicaSettings | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
@@ -658,6 +669,8 @@ async def run_role_server(
     auth unless `metrics_public`).
 
     `push_policy`: the webhook URLs callers may register (`push.py`).
+    `stream_limits`: the streams it holds open, per caller and in all
+    (`streams.py`; default: `StreamLimits()`).
     """
     # A script in the model allow-list is refused before the port is taken.
     offered_models(role, model_names)
@@ -730,6 +743,7 @@ async def run_role_server(
         metrics=_metrics() if metrics else None,
         metrics_public=metrics_public,
         push_policy=push_policy,
+        streams=StreamSlots(stream_limits),
         event_stream=event_stream,
     )
     async with run_server(

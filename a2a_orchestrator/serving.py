@@ -4,22 +4,43 @@ Binding first gives the real port before uvicorn starts (no probe-then-rebind
 race), and the socket is created with IPPROTO_TCP so asyncio sets TCP_NODELAY
 on accepted connections; a plain `socket.socket()` leaves every kept-alive
 response stalled ~40 ms on a delayed ACK.
+
+Request heads have a deadline (`HeadDeadlineProtocol`): uvicorn has no
+header timeout, so a client trickling its request line and headers (or
+sending nothing after connecting) held its connection for ever, and enough
+of them ran the server out of file descriptors. Here a connection waiting
+for a request's head is closed with 408 `HEAD_TIMEOUT` seconds after it
+opened (or after its previous response), and at most `MAX_PENDING_HEADS`
+connections wait at once: past that the one waiting longest is closed.
+A head that arrives whole in one read (every ordinary client's) never waits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import anyio
+import h11
 import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["MAX_REQUEST_HEAD", "bind_socket", "serve", "server_config"]
+__all__ = [
+    "HEAD_TIMEOUT",
+    "MAX_PENDING_HEADS",
+    "MAX_REQUEST_HEAD",
+    "HeadDeadlineProtocol",
+    "bind_socket",
+    "serve",
+    "server_config",
+]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -78,10 +99,105 @@ end; past it the request gets 400 (a head that arrives whole in one read of
 the socket is parsed at once, whatever its size up to that read's)."""
 
 
-def server_config(app: ASGIApp, log_level: str = "warning") -> uvicorn.Config:
+HEAD_TIMEOUT = 10.0
+"""Seconds a connection may take to send a request's head (request line and
+headers), from its opening or its previous response's end."""
+
+MAX_PENDING_HEADS = 1024
+"""Connections of one server waiting for a request's head at once; a new one
+past it closes the one waiting longest."""
+
+_HEAD_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 31\r\nconnection: close\r\n\r\nrequest head not sent in time\r\n"
+)
+
+
+class _Config(uvicorn.Config):
+    """uvicorn's settings, and the head deadline's (read by `HeadDeadlineProtocol`)."""
+
+    def __init__(
+        self, app: ASGIApp, *, head_timeout: float, max_pending_heads: int, **kwargs: Any
+    ) -> None:
+        super().__init__(app, **kwargs)
+        self.head_timeout = head_timeout
+        self.max_pending_heads = max_pending_heads
+        # The server's connections waiting for a head, oldest first (a dict
+        # keeps insertion order; the event loop is the only writer).
+        self.pending_heads: dict[HeadDeadlineProtocol, None] = {}
+
+
+class HeadDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on request heads (see the module docstring).
+
+    A connection waits for a head while h11 says the client is IDLE: no
+    request of it is being read or answered. The timer runs from the moment
+    it starts waiting, not from its last byte, so trickling does not extend it.
+    """
+
+    config: _Config
+
+    def __init__(self, config: _Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._track_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        # Runs on every read and after every response: the one place that
+        # sees a head complete and a new one start being waited for.
+        super().handle_events()
+        self._track_head()
+
+    def _track_head(self) -> None:
+        if self.transport.is_closing():
+            self._stop_waiting()
+        elif self.conn.their_state is h11.IDLE:
+            self._start_waiting()
+        else:
+            self._stop_waiting()
+
+    def _start_waiting(self) -> None:
+        if self._head_timer is not None:
+            return
+        pending = self.config.pending_heads
+        while len(pending) >= self.config.max_pending_heads:
+            next(iter(pending))._head_timed_out()
+        pending[self] = None
+        self._head_timer = self.loop.call_later(self.config.head_timeout, self._head_timed_out)
+
+    def _stop_waiting(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self.config.pending_heads.pop(self, None)
+
+    def _head_timed_out(self) -> None:
+        self._stop_waiting()
+        if not self.transport.is_closing():
+            # Written by hand: h11 sends no response before a request's head.
+            self.transport.write(_HEAD_TIMEOUT_RESPONSE)
+            self.transport.close()
+
+
+def server_config(
+    app: ASGIApp,
+    log_level: str = "warning",
+    *,
+    head_timeout: float = HEAD_TIMEOUT,
+    max_pending_heads: int = MAX_PENDING_HEADS,
+) -> uvicorn.Config:
     """The uvicorn settings every server here runs with."""
-    return uvicorn.Config(
+    return _Config(
         app,
+        head_timeout=head_timeout,
+        max_pending_heads=max_pending_heads,
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=5,
@@ -90,7 +206,8 @@ def server_config(app: ASGIApp, log_level: str = "warning") -> uvicorn.Config:
         # when it can be imported (uvicorn[standard] brings it), and that
         # parser buffers a request head of any size, so a header flood
         # would grow a connection's buffer without bound.
-        http="h11",
+        # (with the head deadline: `HeadDeadlineProtocol`).
+        http=HeadDeadlineProtocol,
         h11_max_incomplete_event_size=MAX_REQUEST_HEAD,
         # An idle kept-alive connection is closed after this many seconds, so
         # idle clients cannot pin connections; slow request bodies are cut by
@@ -106,6 +223,8 @@ async def serve(
     before_shutdown: Callable[[], Awaitable[None]] | None = None,
     install_signal_handlers: bool = False,
     log_level: str = "warning",
+    head_timeout: float = HEAD_TIMEOUT,
+    max_pending_heads: int = MAX_PENDING_HEADS,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `sock` (from `bind_socket`) until cancelled, or with
@@ -114,7 +233,9 @@ async def serve(
     Reports the port through `task_status` once uvicorn accepts connections,
     so after `await tg.start(serve, app, sock)` the server is ready.
     """
-    config = server_config(app, log_level)
+    config = server_config(
+        app, log_level, head_timeout=head_timeout, max_pending_heads=max_pending_heads
+    )
     server = _Server(config, before_shutdown, install_signal_handlers)
     finished = anyio.Event()
 

@@ -45,6 +45,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from .api import owns
 from .budgets import Spend
@@ -52,6 +53,7 @@ from .events import CHILD_EVENT_KINDS, event_from_dict
 from .middleware import owner_of
 from .session import Session
 from .store import ChildRecord, Store, StoredEvent
+from .streams import StreamSlots
 from .ui_auth import CSRF_SCOPE_KEY
 from .view import describe_event
 
@@ -252,14 +254,44 @@ def _after(request: Request) -> int | None:
     return 0
 
 
-def _stream(chunks: AsyncIterator[str]) -> StreamingResponse:
-    headers = {**_HEADERS, "X-Accel-Buffering": "no"}
-    return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+class _CappedStream(StreamingResponse):
+    """An event stream that holds one of its caller's stream slots while it
+    is open (`streams.py`), or answers 429 when none is free."""
+
+    def __init__(self, chunks: AsyncIterator[str], slots: StreamSlots, owner: str) -> None:
+        headers = {**_HEADERS, "X-Accel-Buffering": "no"}
+        super().__init__(chunks, media_type="text/event-stream", headers=headers)
+        self.slots = slots
+        self.owner = owner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Judged when the response starts: no await between this check and
+        # taking the slot, so two streams cannot both take the last one.
+        refused = self.slots.refused(self.owner)
+        if refused is not None:
+            too_many = JSONResponse(
+                {"error": "too many open streams", "detail": str(refused)},
+                status_code=429,
+                headers={**_HEADERS, "Retry-After": str(refused.retry_after)},
+            )
+            await too_many(scope, receive, send)
+            return
+        with self.slots.held(self.owner):
+            await super().__call__(scope, receive, send)
 
 
-def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> list[Route]:
+def ui_routes(
+    store: Store,
+    sessions: Callable[[], Mapping[str, Session]],
+    streams: StreamSlots | None = None,
+) -> list[Route]:
     """The web view's routes over `store`; `sessions()` gives the sessions
-    this server holds open (their listeners wake the streams)."""
+    this server holds open (their listeners wake the streams), and each
+    open stream takes a slot of `streams` (default: its own `StreamSlots`)."""
+    slots = streams if streams is not None else StreamSlots()
+
+    def _stream(request: Request, chunks: AsyncIterator[str]) -> Response:
+        return _CappedStream(chunks, slots, owner_of(request))
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         body = _templates.get_template(name).render(
@@ -317,7 +349,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
                 await anyio.sleep(POLL_SECONDS)
                 quiet += POLL_SECONDS
 
-        return _stream(chunks())
+        return _stream(request, chunks())
 
     def questions_of(session_id: str) -> list[dict[str, str]]:
         """The questions the session's run waits on, when this server holds it."""
@@ -415,7 +447,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
             finally:
                 wake.close()
 
-        return _stream(chunks())
+        return _stream(request, chunks())
 
     async def child_of(request: Request) -> tuple[dict[str, Any], ChildRecord] | None:
         session_id = request.path_params["session_id"]
@@ -500,7 +532,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
             finally:
                 wake.close()
 
-        return _stream(chunks())
+        return _stream(request, chunks())
 
     return [
         Route("/ui", sessions_page, methods=["GET"]),

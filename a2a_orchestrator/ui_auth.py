@@ -4,10 +4,14 @@ A browser's `EventSource` cannot send an `Authorization` header, so the web
 view (`ui.py`) logs in once: `POST /ui/login` checks the token with the
 server's `Access` (the same rule as the header) and answers with a cookie
 holding it (`HttpOnly`, `SameSite=Strict`, `Secure` over HTTPS). On later
-requests to `/ui` and `/api` that carry no `Authorization` header,
-`BrowserLogin` turns the cookie into exactly that header, so the server's
-own authentication middleware (`middleware.CallerBackend`) decides as for
-any client. The cookie is never honoured on the A2A endpoints.
+requests to the web view's and its API's own routes (`ui.py`, `api.py`)
+that carry no `Authorization` header, `BrowserLogin` turns the cookie into
+exactly that header, so the server's own authentication middleware
+(`middleware.CallerBackend`) decides as for any client. The cookie is never
+honoured anywhere else: a path is matched against those routes' patterns,
+not a prefix, so an A2A route under a tenant named `ui` or `api`
+(`/ui/rest/tasks`) or one that merely starts alike (`/uix/...`) needs its
+bearer header as every A2A route does.
 
 Cross-site request forgery: besides `SameSite=Strict`, a request that is
 not GET or HEAD and is authenticated by the cookie must carry
@@ -32,12 +36,14 @@ import hmac
 import html
 import json
 import secrets
+from collections.abc import Sequence
 from importlib import resources
 from urllib.parse import parse_qs
 
 import anyio
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .access import Access
@@ -56,7 +62,6 @@ LOGIN_PATH = "/ui/login"
 LOGOUT_PATH = "/ui/logout"
 STATIC_PREFIX = "/ui/static/"
 _STATIC = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
-_COOKIE_PATHS = ("/ui", "/api/")
 _SAFE = ("GET", "HEAD")
 _MAX_FORM = 16 * 1024
 _FORM_TIMEOUT = 10.0
@@ -76,12 +81,18 @@ def _decode(value: str) -> str:
 
 class BrowserLogin:
     """ASGI middleware, outermost: serves the login form and turns the login
-    cookie into a bearer header for `/ui` and `/api` (see the module docstring)."""
+    cookie into a bearer header for the routes it is given (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, access: Access | None) -> None:
+    def __init__(self, app: ASGIApp, access: Access | None, cookie_routes: Sequence[Route]) -> None:
+        """`cookie_routes`: the web view's and its API's routes, the only
+        ones the cookie opens (those under `/ui` are its pages)."""
         self.app = app
         self.access = access
         self._key = secrets.token_bytes(32)
+        self._patterns = tuple(route.path_regex for route in cookie_routes)
+
+    def _opens(self, path: str) -> bool:
+        return any(pattern.match(path) for pattern in self._patterns)
 
     def csrf_token(self, credential: str) -> str:
         return hmac.new(self._key, credential.encode(), hashlib.sha256).hexdigest()
@@ -100,7 +111,7 @@ class BrowserLogin:
         if path == LOGOUT_PATH:
             await _redirect(send, LOGIN_PATH, cookie=_cookie(scope, "", clear=True))
             return
-        if self.access is None or not path.startswith(_COOKIE_PATHS):
+        if self.access is None or not self._opens(path):
             scope[CSRF_SCOPE_KEY] = self.csrf_token("")
             await self.app(scope, receive, send)
             return
@@ -110,7 +121,7 @@ class BrowserLogin:
             await self.app(scope, receive, send)
             return
         credential = _decode(HTTPConnection(scope).cookies.get(COOKIE, ""))
-        page = path.startswith("/ui") and scope["method"] in _SAFE
+        page = (path == "/ui" or path.startswith("/ui/")) and scope["method"] in _SAFE
         if not credential:
             if page and not path.endswith("/stream"):
                 await _redirect(send, LOGIN_PATH)
@@ -154,9 +165,14 @@ class BrowserLogin:
         if origin is not None and origin != _own_origin(scope):
             await _send(send, 403, "text/plain", b"cross-origin login refused")
             return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > _MAX_FORM:
+            # Refused unread: a login form is small, and nobody is known yet.
+            await _send(send, 413, "text/plain", b"form too large", close=True)
+            return
         body = await _read_form(receive)
         if body is None:
-            await _send(send, 413, "text/plain", b"form too large or too slow")
+            await _send(send, 413, "text/plain", b"form too large or too slow", close=True)
             return
         credential = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
         try:
@@ -250,12 +266,16 @@ _SECURITY_HEADERS = [
 ]
 
 
-async def _send(send: Send, status: int, content_type: str, body: bytes) -> None:
+async def _send(
+    send: Send, status: int, content_type: str, body: bytes, *, close: bool = False
+) -> None:
     headers = [
         (b"content-type", content_type.encode()),
         (b"content-length", str(len(body)).encode()),
         *_SECURITY_HEADERS,
     ]
+    if close:
+        headers.append((b"connection", b"close"))  # what is left of the body is never read
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -22,9 +22,10 @@ def start_servers(
     *,
     role: str = "coder",
     db: str | None = None,
+    flags: Sequence[str] = (),
 ) -> tuple[list[subprocess.Popen[str]], list[str]]:
-    """`count` role servers, each `a2a-orchestrator serve ROLE` in its own
-    process with `script` as its scripted model; their processes and URLs.
+    """`count` role servers, each `a2a-orchestrator serve ROLE [flags]` in its
+    own process with `script` as its scripted model; their processes and URLs.
     Each has its own SQLite file, or all share the database `db` (replicas)."""
     script_file = work / "server-script.json"
     script_file.write_text(json.dumps(list(script)))
@@ -53,6 +54,7 @@ def start_servers(
                     db or str(work / f"role-{index}.db"),
                     "--workdir",
                     str(work),
+                    *flags,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,

@@ -56,6 +56,16 @@ FIGURES = {
         r"every frame written\s+wall min [\d.]+ s.*cpu min [\d.]+ s",
         r"get of the \d+-message task: from memory median [\d.]+ ms, from the file median",
     ],
+    "hostile.py": [
+        r"trickle: 30 connections, 30 answered 408 and closed [\d.]+-[\d.]+ s after opening",
+        r"card while trickling: \d+ requests, median [\d.]+ ms, max [\d.]+ ms",
+        r"server fds \d+ before, \d+ during, \d+ after; RSS",
+        r"silent: \d+ connections sending nothing, \d+ closed at once",
+        r"streams: one caller asked for 34, 32 accepted \(cap 32\)",
+        r"the next: too many open streams: this caller has 32, the limit is 32 per caller",
+        r"uploads: 20 unauthenticated 3.75 MiB uploads to /a2a/push/x, 20 refused before",
+        r"uploads: 20 unauthenticated 3.75 MiB uploads to /, 20 refused before",
+    ],
     "trials.py": [r"SIGKILL trials: 2 \(1 orchestrator, 1 role server\).*lost 0, re-run 0"],
 }
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import grpc
+import grpc.aio
 import httpx
 import pytest
 from a2a.server.context import ServerCallContext
@@ -24,6 +26,7 @@ from a2a.types import (
     StreamResponse,
     TaskPushNotificationConfig,
     TaskState,
+    a2a_pb2_grpc,
 )
 from conftest import a2a_client
 from google.protobuf.json_format import ParseDict
@@ -312,6 +315,77 @@ async def test_push_configs_are_limited_per_task_per_caller_and_in_size(
     configs = listed["result"]["configs"]
     assert sorted(c["id"] for c in configs) == ["c0", "c1", "c2"]
     assert next(c["token"] for c in configs if c["id"] == "c0") == "again"
+
+
+async def test_every_field_of_a_push_config_is_bounded_on_every_binding(tmp_path: Path) -> None:
+    # Issue 26 finding 7: credentials and the config id had no limit (20
+    # configs of 3.5 MB each were stored, and sent as headers).
+    big = {"credentials": "c" * 5000, "id": "i" * 300, "scheme": "s" * 100}
+    refused: dict[tuple[str, str], str] = {}
+    async with (
+        run_role_server(
+            find_role("coder"),
+            ScriptedModel(coder_script),
+            tmp_path,
+            db=str(tmp_path / "role.db"),
+            push_policy=PushPolicy(LOOPBACK.allow),
+            grpc_port=0,
+        ) as server,
+        a2a_client(server.url) as client,
+        httpx.AsyncClient() as http,
+    ):
+        with anyio.fail_after(60):
+            answer = [r async for r in client.send_message(user_message("go"))]
+            task = answer[0].task.id
+            assert server.grpc_address is not None
+            channel = grpc.aio.insecure_channel(server.grpc_address)
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            for field_name in big:
+                scheme = big["scheme"] if field_name == "scheme" else "Bearer"
+                credentials = big["credentials"] if field_name == "credentials" else "secret"
+                config_id = big["id"] if field_name == "id" else "ok"
+                v1 = {
+                    "taskId": task,
+                    "id": config_id,
+                    "url": "http://127.0.0.1:9/hook",
+                    "authentication": {"scheme": scheme, "credentials": credentials},
+                }
+                answer_rpc = await rpc(server.url, "CreateTaskPushNotificationConfig", v1)
+                refused["json-rpc", field_name] = answer_rpc["error"]["message"]
+                v03 = {
+                    "taskId": task,
+                    "pushNotificationConfig": {
+                        "id": config_id,
+                        "url": "http://127.0.0.1:9/hook",
+                        "authentication": {"schemes": [scheme], "credentials": credentials},
+                    },
+                }
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "tasks/pushNotificationConfig/set",
+                    "params": v03,
+                }
+                answer_v03 = (await http.post(server.url, json=body)).json()
+                refused["json-rpc 0.3", field_name] = answer_v03["error"]["message"]
+                rest = await http.post(
+                    f"{server.url}/rest/tasks/{task}/pushNotificationConfigs",
+                    json=v1,
+                    headers={"A2A-Version": "1.0"},
+                )
+                assert rest.status_code == 400, rest.text
+                refused["http+json", field_name] = rest.json()["error"]["message"]
+                config = ParseDict(v1, TaskPushNotificationConfig())
+                with pytest.raises(grpc.aio.AioRpcError) as over_grpc:
+                    await stub.CreateTaskPushNotificationConfig(config)
+                assert over_grpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                refused["grpc", field_name] = over_grpc.value.details() or ""
+            await channel.close()
+            listed = await rpc(server.url, "ListTaskPushNotificationConfigs", {"taskId": task})
+    names = {"credentials": "credentials", "id": "id", "scheme": "scheme"}
+    for (binding, field_name), message in refused.items():
+        assert names[field_name] in message and "longer than" in message, (binding, message)
+    assert listed["result"].get("configs", []) == []  # nothing stored
 
 
 async def test_push_configs_kept_in_memory_are_limited_too() -> None:

@@ -22,6 +22,7 @@ import anyio
 import httpx
 import pytest
 from conftest import a2a_client, role_server
+from starlette.routing import BaseRoute, Mount, Route
 from test_server import collect, user_message
 
 from a2a_orchestrator.access import Access
@@ -142,6 +143,51 @@ async def test_login_cookie_opens_the_view_and_the_api_but_not_the_a2a_endpoint(
     assert logout.status_code == 303 and "Max-Age=0" in logout.headers["set-cookie"]
     assert stale.status_code == 303 and stale.headers["location"] == "/ui/login"
     assert "Max-Age=0" in stale.headers["set-cookie"]
+
+
+def _a2a_routes(routes: Sequence[BaseRoute], prefix: str = "") -> list[tuple[str, str]]:
+    """(path pattern, method) of every route but the view's, its login and
+    the public ones (card, push webhook)."""
+    found: list[tuple[str, str]] = []
+    for route in routes:
+        if isinstance(route, Mount):
+            found += _a2a_routes(route.routes, prefix + route.path)
+            continue
+        assert isinstance(route, Route)
+        path = prefix + route.path
+        if path.startswith(("/ui", "/api/", "/.well-known/", "/a2a/push/")):
+            continue
+        found += [(path, method) for method in sorted(route.methods or ()) if method != "HEAD"]
+    return found
+
+
+async def test_the_login_cookie_alone_opens_no_a2a_route(tmp_path: Path) -> None:
+    # Issue 26 finding 8: a prefix match on "/ui" and "/api/" let the cookie
+    # through to the A2A routes of tenants named ui, api or uix.
+    with anyio.fail_after(60):
+        async with (
+            orchestrator(tmp_path) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            csrf = await logged_in(http)
+            assert server.app is not None
+            routes = _a2a_routes(server.app.routes)
+            assert ("/", "POST") in routes and ("/{tenant}/rest/tasks", "GET") in routes
+            answers: dict[tuple[str, str], int] = {}
+            for pattern, method in routes:
+                for tenant in ("ui", "api", "uix"):
+                    path = re.sub(r"\{\w+\}", "x", pattern.replace("{tenant}", tenant))
+                    answer = await http.request(
+                        method,
+                        path,
+                        json={} if method in ("POST", "PUT") else None,
+                        headers={"X-CSRF-Token": csrf, "Origin": server.url},
+                    )
+                    answers[path, method] = answer.status_code
+            sessions = await http.get("/api/sessions")
+    assert sessions.status_code == 200  # the cookie itself works
+    assert "/ui/rest/tasks" in {path for path, _ in answers}
+    assert {key: status for key, status in answers.items() if status != 401} == {}
 
 
 async def test_without_auth_the_view_is_open_and_there_is_no_login(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ async def serve(args: argparse.Namespace) -> int:
     from ..roles import find_role
     from ..server import run_role_server
     from ..session import keep_out_of_git
+    from ..streams import StreamLimits
 
     workdir = workdir_of(args.workdir)
     sandbox = sandbox_of(args)
@@ -76,6 +77,7 @@ async def serve(args: argparse.Namespace) -> int:
             max_per_task=args.push_max_per_task,
             max_per_owner=args.push_max_per_owner,
         ),
+        stream_limits=StreamLimits.from_settings(args.max_streams_per_caller, args.max_streams),
     )
     if args.role == "orchestrator":
         from ..orchestrator import run_orchestrator_server

@@ -44,7 +44,7 @@ from a2a.types import (
     TaskPushNotificationConfig,
 )
 from google.protobuf.json_format import ParseDict, ParseError
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -134,9 +134,14 @@ class PushReceiver:
         """A `PushRun` (`RemoteRun`'s arguments) receiving here."""
         return PushRun(*args, receiver=self, child_id=child_id, **kwargs)
 
-    async def _receive(self, request: Request) -> Response:
-        child_id = request.path_params["child_id"]
-        given = request.headers.get(_TOKEN_HEADER, "")
+    async def check(self, conn: HTTPConnection) -> Response | None:
+        """The refusal of a delivery, judged on its headers alone (the server
+        runs this before reading the body: `middleware.HeaderCheck`); None
+        when its token is the child's and the child is followed here."""
+        child_id = conn.url.path.removeprefix(PUSH_PREFIX + "/")
+        if not child_id or "/" in child_id:
+            return _problem(404, "not a child's webhook")
+        given = conn.headers.get(_TOKEN_HEADER, "")
         inbox = self._inboxes.get(child_id)
         token = inbox.token if inbox is not None else None
         if token is None:
@@ -147,6 +152,14 @@ class PushReceiver:
             # A child of ours not followed in this process (finished, or not
             # recovered yet): recovery reads the task itself.
             return _problem(404, f"child {child_id} is not waiting for updates here")
+        return None
+
+    async def _receive(self, request: Request) -> Response:
+        # Checked again: the inbox may have closed while the body was read.
+        refusal = await self.check(request)
+        if refusal is not None:
+            return refusal
+        inbox = self._inboxes[request.path_params["child_id"]]
         try:
             data = json.loads(await request.body())
             if not isinstance(data, dict):
