@@ -13,7 +13,7 @@ rich is not even imported. Tokens are counted per finished turn; a child
 with children of its own also shows its subtree's (`Σ 900 tok`). A message
 whose stream was cut and begun again (`message_restarted`) replaces the
 half-shown text, and the restarted message carries `RESTART_MARK` until
-the child's next event.
+it is whole.
 """
 
 from __future__ import annotations
@@ -165,11 +165,12 @@ class LiveTree:
             row.tokens += event.spent.tokens
         row.last = describe_event(event)
         # The withdrawn text's place now shows the message begun again,
-        # marked as such until the child moves on.
+        # marked as such until it is whole (the next message was never cut).
         if isinstance(event, MessageRestarted):
             row.restarted = True
         elif row.restarted and isinstance(event, MessageDelta | AssistantMessage):
             row.last += f" {RESTART_MARK}"
+            row.restarted = isinstance(event, MessageDelta)
         else:
             row.restarted = False
         if self.live:

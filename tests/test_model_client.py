@@ -368,6 +368,37 @@ async def test_a_retry_that_answers_differently_begins_the_message_again() -> No
     assert len(endpoint.requests) == 2
 
 
+async def test_a_running_usage_count_is_handed_on_once_and_never_before_a_restart() -> None:
+    """An endpoint that reports its running count on every chunk (vLLM's
+    continuous usage stats): the call's usage is the finished attempt's last
+    report, once; the cut attempt's tokens are in no total."""
+
+    def counted(item: dict[str, Any], prompt: int, completion: int) -> dict[str, Any]:
+        return {**item, "usage": usage(prompt, completion)["usage"]}
+
+    endpoint = ScriptedEndpoint(
+        [counted(text("This is "), 30, 2), counted(text("half"), 30, 3), DROP],
+        [
+            counted(text("That was "), 30, 2),
+            counted(text("whole."), 30, 4),
+            counted(chunk({}, "stop"), 30, 4),
+        ],
+    )
+    received: list[ModelItem] = []
+    with anyio.fail_after(20):
+        async with serving(endpoint) as url:
+            async with OpenAIModel("gpt-test", base_url=url, api_key=None, retries=1) as model:
+                await stream_into(model, received)
+    assert shapes(received) == [
+        TextDelta(text="This is "),
+        TextDelta(text="half"),
+        "restart",
+        TextDelta(text="That was "),
+        TextDelta(text="whole."),
+        Usage(input_tokens=30, output_tokens=4),
+    ]
+
+
 async def test_a_cut_with_nothing_shown_restarts_nothing() -> None:
     endpoint = ScriptedEndpoint([chunk({"role": "assistant", "content": ""}), DROP], answer("Hi."))
     received: list[ModelItem] = []

@@ -170,11 +170,14 @@ async def test_other_entry_points_are_covered(work: Path) -> None:
             "    return libc.syscall(*args), ctypes.get_errno()\n"
             # chmod by its x32 number, openat2 and io_uring_setup.
             "print('x32', *call(0x40000000 | 90, b'f', 0o4755))\n"
+            # A plain openat with stray bits where a creating one has its mode.
+            "print('openat', call(257, -100, b'f', 0, 0o4755)[0] >= 0)\n"
             "print('openat2', *call(437, -100, b'g', 0, 0))\n"
             "print('io_uring', *call(425, 1, 0))\n"
         ),
     )
     assert f"x32 -1 {errno.EPERM}" in out
+    assert "openat True" in out
     assert f"openat2 -1 {errno.ENOSYS}" in out
     assert f"io_uring -1 {errno.ENOSYS}" in out
     assert setid_files(work) == [] and not (work / "g").exists()
@@ -255,12 +258,20 @@ MODE_CALLS = [
 ]
 
 
+OPENS = [call for call in MODE_CALLS if call[1] in ("open", "openat")]
+"""Their flags are the argument before the mode, which counts only when they create."""
+O_CREAT, O_TMPFILE = 0o100, 0o20200000  # the same on all four architectures
+
+
 @pytest.mark.parametrize(("arch", "name", "nr", "mode_arg"), MODE_CALLS)
 def test_the_program_refuses_setid_modes(arch: int, name: str, nr: int, mode_arg: int) -> None:
     def with_mode(mode: int) -> list[int]:
-        # Every other argument holds the setuid bit: only the mode may count.
+        # Every other argument holds the setuid bit: only the mode may count
+        # (an open's flags create the file besides).
         args = [stat.S_ISUID] * 6
         args[mode_arg] = mode
+        if (arch, name, nr, mode_arg) in OPENS:
+            args[mode_arg - 1] |= O_CREAT
         return args
 
     assert verdict(arch, nr, *with_mode(0o4755)) == EPERM, name
@@ -268,6 +279,22 @@ def test_the_program_refuses_setid_modes(arch: int, name: str, nr: int, mode_arg
     assert verdict(arch, nr, *with_mode(stat.S_IFREG | 0o6000)) == EPERM, name
     assert verdict(arch, nr, *with_mode(0o755)) == ALLOW, name
     assert verdict(arch, nr, *with_mode(stat.S_IFREG | 0o1777)) == ALLOW, name
+
+
+@pytest.mark.parametrize(("arch", "name", "nr", "mode_arg"), OPENS)
+def test_an_open_that_creates_nothing_goes_through(
+    arch: int, name: str, nr: int, mode_arg: int
+) -> None:
+    # The kernel ignores such an open's mode, whatever bits are there.
+    def opening(flags: int) -> list[int]:
+        args = [0] * 6
+        args[mode_arg - 1] = flags
+        args[mode_arg] = 0o6755
+        return args
+
+    assert verdict(arch, nr, *opening(os.O_RDWR | stat.S_ISUID)) == ALLOW, name
+    assert verdict(arch, nr, *opening(O_TMPFILE | os.O_RDWR)) == EPERM, name
+    assert verdict(arch, nr, *opening(O_CREAT)) == EPERM, name
 
 
 @pytest.mark.parametrize("arch", [X86_64, I386, AARCH64, ARM])

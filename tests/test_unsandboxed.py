@@ -119,6 +119,23 @@ async def test_a_detached_process_dies_on_cancel(tmp_path: Path, token: str) -> 
     assert sleepers(token) == []
 
 
+@needs_unshare
+async def test_a_timed_out_command_stops_where_it_is(tmp_path: Path) -> None:
+    # SIGTERM ends the shell itself, as without a namespace: it does not go
+    # on to its next line once the line running is killed.
+    with anyio.fail_after(20), pytest.raises(ToolError, match="timed out"):
+        await command_tool(tmp_path).run({"command": "sleep 30; touch after", "timeout": 1})
+    assert not (tmp_path / "after").exists()
+
+
+@needs_unshare
+async def test_a_command_can_end_its_own_shell(tmp_path: Path) -> None:
+    # The exit code is the shell's status as bubblewrap reports it too.
+    with anyio.fail_after(20), pytest.raises(ToolError) as failed:
+        await command_tool(tmp_path).run({"command": "echo before; kill $$; echo after"})
+    assert str(failed.value).endswith("before\n[exit code 143]")
+
+
 CRASHING_SERVER = textwrap.dedent(
     """
     import sys

@@ -156,3 +156,20 @@ async def test_a_restarted_message_replaces_the_half_shown_text_with_a_mark() ->
         '[coder code01 remote] says "Second try, whole." (stream cut; restarted)',
         "[coder code01 remote] calls read_file a.py",
     ]
+
+
+async def test_the_mark_ends_with_the_restarted_message() -> None:
+    # Input that came during the step makes the turn go on with a new
+    # message, no tool call between: that one was never cut.
+    events = [
+        Started(role="coder"),
+        MessageDelta(text="Draft one"),
+        MessageRestarted(reason="cut"),
+        AssistantMessage(text="Second try, whole."),
+        MessageDelta(text="About your note"),
+    ]
+    live = LiveTree("run", console=Console(file=StringIO(), force_terminal=True, width=120))
+    for event in events:
+        live.update(relayed("code01bb", "coder", event))
+    frame = frame_of(live)
+    assert 'says "About your note"' in frame and "restarted" not in frame

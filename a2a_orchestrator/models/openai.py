@@ -26,9 +26,11 @@ Failure contract (one model call = up to `1 + retries` attempts):
   attempt a `Restart` withdraws the text handed on so far, and the retry's
   answer streams whole, whatever its words (a sampling model rarely repeats
   itself; the same words are just as fine). So the turn's text is always
-  one complete answer of the endpoint. Tool calls and usage are handed on
-  only once the finish reason arrived, so a call whose arguments were cut
-  is never run, and none precedes a retry.
+  one complete answer of the endpoint. Tool calls are handed on only once
+  the finish reason arrived, and usage once the stream ended after it, so a
+  call whose arguments were cut is never run, and none precedes a retry:
+  the tokens of a cut attempt are in no total (an endpoint reports them
+  with a finished answer only).
 """
 
 from __future__ import annotations
@@ -98,9 +100,9 @@ class OpenAIModel:
     cut attempt yielded), each complete `ToolCall` once the choice finishes
     (fragments joined by index; arguments that are not valid JSON arrive as
     `{"_raw": text}`), and the `Usage` when the endpoint reports it (whole
-    numbers of tokens). Failures are retried as the module docstring says;
-    what is not retried, or still fails on the last attempt, raises
-    `ModelError`.
+    numbers of tokens; its last report, at the end). Failures are retried as
+    the module docstring says; what is not retried, or still fails on the
+    last attempt, raises `ModelError`.
 
     The model owns its HTTP client: close it with `aclose()` or use the model
     as an async context manager. Streaming after close raises `ModelError`.
@@ -258,6 +260,10 @@ class OpenAIModel:
         pending: dict[int, _PendingCall] = {}
         received = 0  # characters of text this attempt has streamed
         finished = False
+        # The endpoint's last report: one at the end (OpenAI's), or a running
+        # count on every chunk (vLLM's continuous usage stats). Handed on
+        # once the answer is whole, so a cut attempt's tokens count nowhere.
+        reported: Usage | None = None
         try:
             try:
                 async for chunk in stream:
@@ -277,16 +283,15 @@ class OpenAIModel:
                                 yield call
                             pending.clear()
                     if chunk.usage is not None:
-                        yield Usage(
+                        reported = Usage(
                             input_tokens=_whole(chunk.usage.prompt_tokens),
                             output_tokens=_whole(chunk.usage.completion_tokens),
                         )
             except openai.APIConnectionError as exc:
-                if finished:
-                    # The answer is whole; only the usage or the end marker was lost.
-                    logger.debug("stream broke after its finish reason: %s", exc)
-                    return
-                raise self._translate(exc, received=received) from exc
+                if not finished:
+                    raise self._translate(exc, received=received) from exc
+                # The answer is whole; only the usage or the end marker was lost.
+                logger.debug("stream broke after its finish reason: %s", exc)
             except (openai.OpenAIError, ValueError) as exc:
                 # ValueError covers a chunk that is not JSON (json.JSONDecodeError).
                 raise self._translate(exc) from exc
@@ -299,6 +304,8 @@ class OpenAIModel:
                         kind="cut_short",
                     )
                 )
+            if reported is not None:
+                yield reported
         finally:
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await stream.close()

@@ -18,9 +18,9 @@ timeout, like any shell pipeline reading to end of file.
 A process that left the group on purpose (`setsid`) goes with the PID
 namespace the command runs in: in a sandbox, SIGTERM ends bubblewrap, whose
 namespace then takes every process in it down with SIGKILL; opted out, the
-shell is the first process of an `unshare` namespace, and its end ends the
-rest. Only where the opt-out has no namespace (`Sandbox.describe` says so)
-does such a process survive.
+shell runs under the first process of an `unshare` namespace, which ends
+with the shell and takes the rest down. Only where the opt-out has no
+namespace (`Sandbox.describe` says so) does such a process survive.
 
 At-most-once seam: when the runtime set `base.current_call`, the call's
 marker is in the command's environment and the process group is reported

@@ -372,10 +372,20 @@ def probe(bwrap: str = "bwrap", *, network: bool = False) -> str:
 
 
 _PID_NAMESPACE = ("--pid", "--fork", "--kill-child", "--mount-proc")
-"""`unshare` options for an unsandboxed command: its own PID namespace (whose
-first process is the shell; when it ends, the kernel kills every process
-left in it), ended when `unshare` dies (`--kill-child`), and a /proc of its
-own so that a pid the command reads names a process there."""
+"""`unshare` options for an unsandboxed command: its own PID namespace (when
+its first process ends, the kernel kills every process left in it), ended
+when `unshare` dies (`--kill-child`), and a /proc of its own so that a pid
+the command reads names a process there."""
+
+_FIRST_PROCESS = ("--foreground", "0")
+"""coreutils' `timeout` options (no time limit, no process group of its own)
+for the namespace's first process, which runs the command as its child,
+passes signals on to it and exits with its status (128 + the signal when a
+signal ended it, as bubblewrap reports). The command's shell must not be
+that process itself: the kernel gives a namespace's first process only the
+signals it handles, so that shell would ignore the SIGTERM that ends a
+timed-out or cancelled command (and go on to its next line) and its own
+`kill $$`."""
 
 
 @functools.lru_cache(maxsize=16)
@@ -389,7 +399,10 @@ def pid_namespace(unshare: str = "unshare") -> tuple[tuple[str, ...], str]:
     found = shutil.which(unshare)
     if found is None:
         return (), f"util-linux's unshare is not installed ({unshare!r} not found)"
-    argv = (found, *_PID_NAMESPACE)
+    first = shutil.which("timeout")
+    if first is None:
+        return (), "coreutils' timeout is not installed"
+    argv = (found, *_PID_NAMESPACE, first, *_FIRST_PROCESS)
     try:
         result = subprocess.run(
             [*argv, "/bin/true"],

@@ -5,9 +5,10 @@ service), and its work directory is the host's: a file it marks setuid
 there stays setuid-root on the host, for any local user to run, whatever
 the sandbox mounts `nosuid`. So the bits are refused where they are made:
 
-- `chmod`, `fchmod`, `fchmodat`, `fchmodat2`, `mknod`, `mknodat`, and the
-  creating calls `open`, `creat`, `openat` (a new file takes the mode asked
-  for, setuid included) fail with EPERM when the mode has S_ISUID or S_ISGID;
+- `chmod`, `fchmod`, `fchmodat`, `fchmodat2`, `mknod`, `mknodat`, `creat`,
+  and `open` and `openat` with O_CREAT or O_TMPFILE (a new file takes the
+  mode asked for, setuid included) fail with EPERM when the mode has S_ISUID
+  or S_ISGID;
 - `openat2` carries its mode in a struct a filter cannot read, and io_uring
   opens files without a system call per file: both fail with ENOSYS, which
   libraries treat as an older kernel and fall back to `openat`.
@@ -80,6 +81,17 @@ _TABLES: Mapping[int, Mapping[int, int]] = {
     _AARCH64: {52: 1, 56: 3, 33: 2, 53: 2, **_COMMON},
     _ARM: {5: 2, 8: 1, 15: 1, 94: 1, 14: 1, 322: 3, 324: 2, 333: 2, **_COMMON},
 }
+# The opens among them (open, openat): their flags are the argument before
+# the mode, which the kernel ignores unless the flags create a file, so a
+# plain open with stray bits there (a raw `syscall` leaves the register as it
+# was) must go through.
+_OPENS: Mapping[int, frozenset[int]] = {
+    _X86_64: frozenset({2, 257}),
+    _I386: frozenset({5, 295}),
+    _AARCH64: frozenset({56}),
+    _ARM: frozenset({5, 322}),
+}
+_CREATES = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE, alike on these architectures
 _MACHINES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
 
 
@@ -88,7 +100,7 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def _arch_block(arch: int, table: Mapping[int, int]) -> list[bytes]:
+def _arch_block(arch: int, table: Mapping[int, int], opens: frozenset[int]) -> list[bytes]:
     """Instructions for one architecture; every path ends in a return."""
     block = [_insn(_LD_W_ABS, _NR)]
     if arch == _X86_64:
@@ -98,7 +110,14 @@ def _arch_block(arch: int, table: Mapping[int, int]) -> list[bytes]:
         if mode_arg == _UNSUPPORTED:
             body = [_insn(_RET_K, _ERRNO | errno.ENOSYS)]
         else:
-            body = [
+            body = []
+            if nr in opens:
+                # Its flags create nothing: allowed (the last instruction below).
+                body += [
+                    _insn(_LD_W_ABS, _arg_low(mode_arg - 1)),
+                    _insn(_JSET_K, _CREATES, jt=0, jf=3),
+                ]
+            body += [
                 _insn(_LD_W_ABS, _arg_low(mode_arg)),
                 _insn(_JSET_K, _SETID_BITS, jt=0, jf=1),
                 _insn(_RET_K, _ERRNO | errno.EPERM),
@@ -115,7 +134,7 @@ def program() -> bytes:
     """The filter, as `bwrap --seccomp` reads it."""
     insns = [_insn(_LD_W_ABS, _ARCH)]
     for arch, table in _TABLES.items():
-        block = _arch_block(arch, table)
+        block = _arch_block(arch, table, _OPENS[arch])
         # A jump offset is one byte: keep each block within reach.
         assert len(block) < 256
         insns.append(_insn(_JEQ_K, arch, jt=0, jf=len(block)))
