@@ -18,7 +18,9 @@ a JSON body, never an empty list.
 Sessions belong to their caller (`OWNER_KEY` in the session's metadata, the
 owner key of the caller whose A2A task opened it; "" without auth, and for
 sessions the CLI runs): a caller lists only its own, and another caller's
-session answers exactly as one that does not exist.
+session answers exactly as one that does not exist. An operator (the
+server's own token, or a caller the callers file marks `operator = true`)
+also sees the sessions of no caller: those the CLI ran on this store.
 """
 
 from __future__ import annotations
@@ -27,16 +29,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .budgets import Spend
 from .control import ControlPlane
-from .middleware import owner_of
+from .middleware import is_operator, owner_of
 from .store import Store
 
-__all__ = ["MAX_PAGE", "OWNER_KEY", "api_routes", "owns"]
+__all__ = ["MAX_PAGE", "OWNER_KEY", "api_routes", "owns", "visible_to"]
 
 OWNER_KEY = "owner"
 """The session metadata field naming the caller a session belongs to."""
@@ -71,15 +73,22 @@ def owns(session: Mapping[str, Any] | None, owner: str) -> bool:
     return session is not None and session["metadata"].get(OWNER_KEY, "") == owner
 
 
+def visible_to(session: Mapping[str, Any] | None, conn: HTTPConnection) -> bool:
+    """Whether the caller of `conn` may see `session`: its own, and, for an
+    operator, the sessions of no caller (run from the command line)."""
+    if owns(session, owner_of(conn)):
+        return True
+    return is_operator(conn) and owns(session, "")
+
+
 def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -> list[Route]:
     """Routes over `store`; `planes()` gives the live sessions' root control planes."""
 
     async def visible(request: Request, session_id: str) -> bool:
-        return owns(await store.get_session(session_id), owner_of(request))
+        return visible_to(await store.get_session(session_id), request)
 
     async def list_sessions(request: Request) -> JSONResponse:
-        owner = owner_of(request)
-        sessions = [s for s in await store.list_sessions() if owns(s, owner)]
+        sessions = [s for s in await store.list_sessions() if visible_to(s, request)]
         for session in sessions:
             session["usage"] = (await store.session_usage(session["id"])).as_dict()
         return JSONResponse({"sessions": sessions})

@@ -92,6 +92,8 @@ logger = logging.getLogger(__name__)
 
 MODE_KEY = "a2aOrchestrator.mode"
 MODES = ("pipeline", "delegate")
+_TITLE_CHARS = 2000
+"""A session's title is its task's text, whitespace folded, at most this long."""
 
 
 def build_orchestrator_card(
@@ -384,7 +386,7 @@ class OrchestratorExecutor(AgentExecutor):
             await emit(Started(role="orchestrator"))
             await emit(Failed(reason="error", message=f"unknown mode {mode!r}; use {MODES}"))
             return
-        if not await self._owns_session(context_id, context):
+        if not await self._owns_session(context_id, context, title=text):
             await emit(Started(role="orchestrator"))
             await emit(
                 Failed(
@@ -453,8 +455,11 @@ class OrchestratorExecutor(AgentExecutor):
         finally:
             self.host.release(record)
 
-    async def _owns_session(self, session_id: str, context: RequestContext) -> bool:
-        """Whether the request's caller owns the session (it does a new one).
+    async def _owns_session(
+        self, session_id: str, context: RequestContext, *, title: str = ""
+    ) -> bool:
+        """Whether the request's caller owns the session (it does a new one,
+        titled with the task that opened it, as `run` titles its sessions).
 
         The handler already refuses a context in which another caller has
         A2A tasks; a session opened otherwise (`run --session`) has its
@@ -462,7 +467,9 @@ class OrchestratorExecutor(AgentExecutor):
         """
         call = context.call_context
         owner = call.user.user_name if call is not None else ""
-        await self.store.create_session(session_id, metadata={OWNER_KEY: owner})
+        await self.store.create_session(
+            session_id, title=" ".join(title.split())[:_TITLE_CHARS], metadata={OWNER_KEY: owner}
+        )
         record = await self.store.get_session(session_id)
         return record is not None and record["metadata"].get(OWNER_KEY, "") == owner
 

@@ -128,6 +128,26 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX session_leases_expiry ON session_leases (expires_at);
         """,
     ),
+    (
+        "m003_root_usage",
+        # The root parent agent's turns, counted under ROOT_ID ('') as the
+        # SQLite store's m008 does.
+        """
+        INSERT INTO turn_usage
+            (uuid, session_id, child_id, input_tokens, output_tokens, model_calls, seconds,
+             cost, created_at)
+        SELECT uuid, session_id, '',
+               coalesce((payload::jsonb #>> '{spent,input_tokens}')::bigint, 0),
+               coalesce((payload::jsonb #>> '{spent,output_tokens}')::bigint, 0),
+               coalesce((payload::jsonb #>> '{spent,model_calls}')::bigint, 0),
+               coalesce((payload::jsonb #>> '{spent,seconds}')::float8, 0),
+               coalesce((payload::jsonb #>> '{spent,cost}')::float8, 0),
+               created_at
+        FROM events
+        WHERE kind IN ('done', 'failed', 'input_required') AND child_id IS NULL
+        ON CONFLICT (uuid) DO NOTHING;
+        """,
+    ),
 ]
 """(name, SQL) in order; each applied once per database (`a2a_migrations`)."""
 

@@ -2,9 +2,13 @@
 child's event log and result, live over server-sent events.
 
     GET /ui                                        sessions list
-    GET /ui/sessions/{id}                          the tree: role, transport, status,
-                                                   last event, tokens; stop buttons
+    GET /ui/sessions/{id}                          what was asked, how it ended, and
+                                                   the tree under its root (the parent
+                                                   agent or the pipeline): role,
+                                                   transport, status, last event,
+                                                   tokens, elapsed; stop buttons
     GET /ui/sessions/{id}/children/{child}         a child's event log and result
+                                                   (`root`: the parent agent's)
     GET /ui/stream, /ui/sessions/{id}/stream,
         /ui/sessions/{id}/children/{child}/stream  the same, live (text/event-stream)
     GET /ui/static/{ui.js,ui.css}                  the page's script and style
@@ -24,7 +28,8 @@ session wakes the stream as soon as an event is stored; otherwise it polls.
 
 The stop buttons call the HTTP API (`api.py`). Access is the API's: the
 same authentication (a browser logs in once, see `ui_auth.py`), and a
-caller sees only its own sessions; another's answer 404.
+caller sees only its own sessions (an operator also those run from the
+command line); another's answer 404.
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api import owns
+from .api import visible_to
 from .budgets import Spend
 from .events import CHILD_EVENT_KINDS, event_from_dict
-from .middleware import owner_of
+from .outcome import outcome_of
 from .session import Session
-from .store import ChildRecord, Store, StoredEvent
+from .store import ROOT_ID, ChildRecord, Store, StoredEvent
 from .ui_auth import CSRF_SCOPE_KEY
+from .ui_story import ROOT_PATH, Story, elapsed, frame, header
 from .view import describe_event
 
 __all__ = ["MAX_SESSIONS", "POLL_SECONDS", "ui_routes"]
@@ -116,6 +122,26 @@ def summarize(event: StoredEvent) -> dict[str, Any]:
     }
 
 
+def _one_line(text: str, width: int = 120) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _root_record(session: Mapping[str, Any]) -> ChildRecord:
+    """The session's root parent agent as its page shows it (it has no row
+    of its own: its events are those stored with no child id)."""
+    return ChildRecord(
+        child_id=ROOT_PATH,
+        session_id=session["id"],
+        role="orchestrator",
+        agent="parent agent",
+        status="",
+        transport="local",
+        trace_id="",
+        created_at=session.get("created_at") or 0.0,
+    )
+
+
 def _status(record: ChildRecord) -> str:
     return f"{record.status} ({record.reason})" if record.reason else record.status
 
@@ -129,6 +155,7 @@ class _Tree:
         self.session_id = session_id
         self.seq = 0
         self.last: dict[str, str] = {}
+        self.story = Story()
 
     async def advance(self) -> bool:
         """Read the events stored since the last call; whether there were any."""
@@ -137,15 +164,18 @@ class _Tree:
             page = await self.store.events(self.session_id, after=self.seq, limit=_PAGE)
             for event in page:
                 # Deltas are summed up by the message that follows them.
-                if event.child_id and event.kind != "message_delta":
-                    self.last[event.child_id] = summarize(event)["summary"]
+                summary = summarize(event)["summary"] if event.kind != "message_delta" else ""
+                if event.child_id and summary:
+                    self.last[event.child_id] = summary
+                self.story.see(event, summary)
             if page:
                 self.seq, grew = page[-1].seq, True
             if len(page) < _PAGE:
                 return grew
 
-    async def rows(self) -> list[dict[str, Any]]:
-        """The children in tree order (each after its parent), with depth."""
+    async def rows(self, session: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The tree's rows: the root, then the children in tree order (each
+        after its parent), with depth (see `ui_story.frame`)."""
         records = await self.store.list_children(session_id=self.session_id)
         spend = await self.store.child_usage(self.session_id)
         below: dict[str, list[ChildRecord]] = {}
@@ -158,8 +188,17 @@ class _Tree:
         def walk(parent: str, depth: int) -> None:
             for record in sorted(below.get(parent, []), key=lambda r: r.created_at):
                 used = spend.get(record.child_id, Spend())
+                running = record.status in ("running", "input_required")
+                if running:
+                    # The turn under way: what its model calls spent so far.
+                    used = used + self.story.in_flight.get(record.child_id, Spend())
                 rows.append(
                     {
+                        "key": record.child_id,
+                        "link": record.child_id,
+                        "elapsed": elapsed(
+                            record.created_at, None if running else record.completed_at
+                        ),
                         "child_id": record.child_id,
                         "parent_id": record.parent_id,
                         "depth": depth,
@@ -177,7 +216,8 @@ class _Tree:
                 walk(record.child_id, depth + 1)
 
         walk("", 0)
-        return rows
+        outcome = await outcome_of(self.store, session)
+        return frame(session, self.story, rows, spend, outcome.signal)
 
 
 class _Wake:
@@ -260,10 +300,10 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
 
     async def visible(request: Request, session_id: str) -> dict[str, Any] | None:
         session = await store.get_session(session_id)
-        return session if owns(session, owner_of(request)) else None
+        return session if visible_to(session, request) else None
 
-    async def session_list(owner: str) -> list[dict[str, Any]]:
-        records = [s for s in await store.list_sessions() if owns(s, owner)]
+    async def session_list(request: Request) -> list[dict[str, Any]]:
+        records = [s for s in await store.list_sessions() if visible_to(s, request)]
         records.sort(key=lambda s: s.get("created_at") or 0, reverse=True)
         rows = []
         for record in records[:MAX_SESSIONS]:
@@ -271,31 +311,33 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
             counts: dict[str, int] = {}
             for child in children:
                 counts[child.status] = counts.get(child.status, 0) + 1
-            used = await store.session_usage(record["id"])
+            told = await header(store, record)
             rows.append(
                 {
                     "id": record["id"],
-                    "title": record.get("title") or "",
+                    "title": told["title"],
                     "created": _when(record.get("created_at")),
                     "children": len(children),
                     "counts": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())),
-                    "tokens": used.input_tokens + used.output_tokens,
+                    "signal": told["signal"],
+                    "ending": _one_line(told["failure"] or told["answer"]),
+                    "elapsed": told["elapsed"],
+                    "tokens": told["tokens"],
                 }
             )
         return rows
 
     async def sessions_page(request: Request) -> Response:
-        return page(request, "sessions.html", sessions=await session_list(owner_of(request)))
+        return page(request, "sessions.html", sessions=await session_list(request))
 
     async def sessions_stream(request: Request) -> Response:
-        owner = owner_of(request)
 
         async def chunks() -> AsyncIterator[str]:
             yield "retry: 2000\n\n"
             sent: list[dict[str, Any]] | None = None
             quiet = 0.0
             while True:
-                rows = await session_list(owner)
+                rows = await session_list(request)
                 if rows != sent:
                     yield _sse(rows, event="sessions")
                     sent, quiet = rows, 0.0
@@ -314,12 +356,25 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
             return missing(request, f"session {session_id}")
         tree = _Tree(store, session_id)
         await tree.advance()
-        return page(request, "session.html", session=record, rows=await tree.rows(), after=tree.seq)
+        return page(
+            request,
+            "session.html",
+            session=record,
+            told=await header(store, record),
+            rows=await tree.rows(record),
+            after=tree.seq,
+        )
 
     async def session_stream(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         if await visible(request, session_id) is None:
             return Response("not found", status_code=404, headers=_HEADERS)
+
+        async def paint(tree: _Tree) -> str:
+            # The record too: a pipeline's progress and the title live there.
+            record = await store.get_session(session_id) or {}
+            told = _sse(await header(store, record), event="told")
+            return told + _sse(await tree.rows(record), event="tree", seq=tree.seq)
 
         async def chunks() -> AsyncIterator[str]:
             tree = _Tree(store, session_id)
@@ -329,12 +384,12 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
                 # Last events come from the whole log, whatever the client
                 # saw: a reconnect repaints the tree from the store.
                 await tree.advance()
-                yield _sse(await tree.rows(), event="tree", seq=tree.seq)
+                yield await paint(tree)
                 quiet = 0.0
                 while True:
                     await wake.wait()
                     if await tree.advance():
-                        yield _sse(await tree.rows(), event="tree", seq=tree.seq)
+                        yield await paint(tree)
                         quiet = 0.0
                     else:
                         quiet += POLL_SECONDS
@@ -349,12 +404,26 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
     async def child_of(request: Request) -> tuple[dict[str, Any], ChildRecord] | None:
         session_id = request.path_params["session_id"]
         record = await visible(request, session_id)
-        child = await store.get_child(request.path_params["child_id"])
+        child_id = request.path_params["child_id"]
+        if record is not None and child_id == ROOT_PATH:
+            return record, _root_record(record)
+        child = await store.get_child(child_id)
         if record is None or child is None or child.session_id != session_id:
             return None
         return record, child
 
     async def child_state(child_id: str, session_id: str) -> dict[str, Any]:
+        if child_id == ROOT_PATH:
+            session = await store.get_session(session_id) or {"id": session_id}
+            outcome = await outcome_of(store, session)
+            used = (await store.child_usage(session_id)).get(ROOT_ID, Spend())
+            return {
+                "status": outcome.signal,
+                "state": "running" if outcome.signal == "unfinished" else "completed",
+                "result": outcome.failure or outcome.answer,
+                "input_tokens": used.input_tokens,
+                "output_tokens": used.output_tokens,
+            }
         child = await store.get_child(child_id)
         used = (await store.child_usage(session_id)).get(child_id, Spend())
         return {
@@ -366,8 +435,16 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
         }
 
     async def child_log(session_id: str, child_id: str, after: int) -> list[dict[str, Any]]:
-        page = await store.events(session_id, child_id=child_id, after=after, limit=_PAGE)
-        return [summarize(e) for e in page]
+        if child_id != ROOT_PATH:
+            page = await store.events(session_id, child_id=child_id, after=after, limit=_PAGE)
+            return [summarize(e) for e in page]
+        # The root's events are those of no child: read past the children's.
+        while True:
+            page = await store.events(session_id, after=after, limit=_PAGE)
+            mine = [summarize(e) for e in page if e.child_id is None]
+            if mine or len(page) < _PAGE:
+                return mine
+            after = page[-1].seq
 
     async def child_page(request: Request) -> Response:
         found = await child_of(request)

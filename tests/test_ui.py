@@ -261,7 +261,7 @@ async def test_streams_resume_after_the_last_event_id(tmp_path: Path) -> None:
             everything = await sse_events(http, url, auth, 5)
             started_seq = everything[1][0]
             resumed = await sse_events(http, url, {**auth, "Last-Event-ID": started_seq}, 3)
-            tree = await sse_events(http, f"/ui/sessions/{session_id}/stream", auth, 1)
+            tree = await sse_events(http, f"/ui/sessions/{session_id}/stream", auth, 2)
     names = [name for _, name, _ in everything]
     assert names == ["child", "line", "line", "line", "child"]
     assert [data["kind"] for _, name, data in everything if name == "line"] == [
@@ -272,7 +272,9 @@ async def test_streams_resume_after_the_last_event_id(tmp_path: Path) -> None:
     assert everything[0][2]["result"] == "the answer"
     # A reconnect gets only what came after the last event it saw.
     assert [data["kind"] for _, name, data in resumed if name == "line"] == ["tool_called", "done"]
-    (_, name, rows), *_ = tree
+    # The session's header first (how it ended), then its tree.
+    (_, told_name, told), (_, name, rows) = tree
+    assert told_name == "told" and told["signal"] == "-"
     assert name == "tree" and [r["child_id"] for r in rows] == [child_id]
     assert rows[0]["status"] == "completed" and rows[0]["last"] == 'done "the answer"'
 
@@ -390,25 +392,22 @@ async def test_a_browser_follows_a_live_session_and_stops_a_child(tmp_path: Path
             await expect(row).to_have_count(1)
             await expect(row.first).to_contain_text("running")
             assert await page.evaluate("window.__loaded") is True
-            shots = Path(SHOTS) if SHOTS else tmp_path
-            shots.mkdir(exist_ok=True)
-            await page.screenshot(path=str(shots / "ui-sessions.png"))
             session_id = await row.first.get_attribute("data-session-id")
             assert session_id
 
-            # The session's tree: both children run; the quick one finishes
-            # on the page while it stays open.
+            # The session's tree: the parent agent at its root, both children
+            # run; the quick one finishes on the page while it stays open.
             await row.first.locator("a").click()
             children = page.locator("#tree tbody tr")
-            await expect(children).to_have_count(2)
+            await expect(children).to_have_count(3)
             await page.evaluate("window.__loaded = true")
-            quick, slow = children.nth(0), children.nth(1)
+            await expect(children.nth(0)).to_contain_text("parent agent")
+            quick, slow = children.nth(1), children.nth(2)
             await expect(quick.locator(".status")).to_have_text("completed")
             await expect(slow.locator(".status")).to_have_text("running")
             # The hostile answer is text on the page, and nothing ran.
             await expect(quick.locator(".last")).to_contain_text("<script>window.__xss")
             assert await page.evaluate("window.__loaded === true && window.__xss === undefined")
-            await page.screenshot(path=str(shots / "ui-session.png"))
 
             # Stop the slow child from its row.
             slow_id = await slow.get_attribute("data-child-id")
