@@ -138,6 +138,8 @@ async def serve(args: argparse.Namespace) -> int:
             say(f"  ({MODEL_HINT})")
         for line in extra:
             say(line)
+        if name == "orchestrator":
+            say(f"  web view: {server.url}/ui" + ("  (log in with a caller token)" if access else ""))
         say(f"  work directory: {workdir}; task store: {db}")
         say(f"  metrics: {_describe_metrics(server.url, access is not None, **metrics)}")
         say(f"  auth: {access.describe() if access is not None else 'off'}")
