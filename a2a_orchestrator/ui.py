@@ -370,9 +370,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
         if await visible(request, session_id) is None:
             return Response("not found", status_code=404, headers=_HEADERS)
 
-        async def paint(tree: _Tree) -> str:
-            # The record too: a pipeline's progress and the title live there.
-            record = await store.get_session(session_id) or {}
+        async def paint(tree: _Tree, record: Mapping[str, Any]) -> str:
             told = _sse(await header(store, record), event="told")
             return told + _sse(await tree.rows(record), event="tree", seq=tree.seq)
 
@@ -384,12 +382,17 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
                 # Last events come from the whole log, whatever the client
                 # saw: a reconnect repaints the tree from the store.
                 await tree.advance()
-                yield await paint(tree)
+                record = await store.get_session(session_id) or {}
+                yield await paint(tree, record)
                 quiet = 0.0
                 while True:
                     await wake.wait()
-                    if await tree.advance():
-                        yield await paint(tree)
+                    # The record too: a pipeline's progress (how it ended)
+                    # is written there, after its last event.
+                    grew, was = await tree.advance(), record
+                    record = await store.get_session(session_id) or {}
+                    if grew or record != was:
+                        yield await paint(tree, record)
                         quiet = 0.0
                     else:
                         quiet += POLL_SECONDS

@@ -235,11 +235,9 @@ def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     resume = cli("resume", session, cwd=tmp_path)
     missing = cli("children", "nope", cwd=tmp_path)
     assert session in status.stdout and "3 completed" in status.stdout
-    assert [line.split()[1] for line in children.stdout.splitlines()] == [
-        "architect",
-        "coder",
-        "reviewer",
-    ]
+    *rows, total = children.stdout.splitlines()
+    assert [line.split()[1] for line in rows] == ["architect", "coder", "reviewer"]
+    assert total.startswith("session total: ")
     assert "started" in events.stdout and "done" in events.stdout
     lines = [json.loads(line) for line in jsonl.stdout.splitlines()]
     kinds = [line["kind"] for line in lines]

@@ -52,7 +52,9 @@ def network_script(messages: Sequence[Any]) -> dict[str, Any]:
     return {"tool_calls": [{"name": "agent_manage", "arguments": {}}], "usage": CALL}
 
 
-def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, *args],
         cwd=cwd,
