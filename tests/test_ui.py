@@ -652,3 +652,58 @@ async def test_an_operator_sees_the_sessions_run_from_the_command_line(tmp_path:
     assert api_sessions[0]["title"] == "Check the CLI session"
     assert tree.status_code == 200 and "TASK_DONE" in tree.text
     assert theirs.status_code == 404
+
+
+def slow_child_script(messages: Sequence[Any]) -> dict[str, Any]:
+    """A parent that spawns a coder and waits; the coder's first call is
+    quick (a tool call), its second slow: its turn runs with one call spent."""
+    system = str(messages[0].get("content", ""))
+    steps = sum(1 for m in messages if m["role"] == "assistant")
+    if "Agents you can delegate to" in system:
+        if steps == 0:
+            agents = [{"role": "coder", "prompt": "implement slugify"}]
+            return {"tool_calls": [{"name": "agent", "arguments": {"agents": agents}}]}
+        return {"tool_calls": [{"name": "agent_manage", "arguments": {}}]}
+    if steps == 0:
+        call = {"name": "read_file", "arguments": {"path": "README.md"}}
+        return {"tool_calls": [call], "usage": {"input_tokens": 700, "output_tokens": 70}}
+    return {"delay": 60, "text": "too late"}
+
+
+@pytest.mark.timeout(60)
+async def test_a_running_childs_tokens_move_before_its_turn_ends(tmp_path: Path) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with anyio.fail_after(45):
+        async with (
+            orchestrator(tmp_path, parent=ScriptedModel(slow_child_script)) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def run() -> None:
+                async with a2a_client(server.url, token=TOKEN) as client:
+                    request = user_message("Implement slugify")
+                    request.message.metadata.update({MODE_KEY: "delegate"})
+                    await collect(client, request)
+
+            tg.start_soon(run)
+            sessions: list[Any] = []
+            while not sessions:
+                await anyio.sleep(0.1)
+                sessions = (await http.get("/api/sessions", headers=auth)).json()["sessions"]
+            session_id = sessions[0]["id"]
+            seen: list[dict[str, Any]] = []
+            async with http.stream(
+                "GET", f"/ui/sessions/{session_id}/stream", headers=auth
+            ) as response:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ["):
+                        continue
+                    rows = json.loads(line.removeprefix("data: "))
+                    seen = [r for r in rows if r["role"] == "coder" and r["state"] == "running"]
+                    if seen and seen[0]["input_tokens"]:
+                        break
+            stopped = await http.post(f"/api/sessions/{session_id}/subagents/stop", headers=auth)
+    # The coder is still in its turn, and its first call's tokens show.
+    assert (seen[0]["input_tokens"], seen[0]["output_tokens"]) == (700, 70)
+    assert stopped.status_code == 200
