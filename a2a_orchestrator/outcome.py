@@ -77,12 +77,13 @@ async def outcome_of(store: Store, session: Mapping[str, Any]) -> Outcome:
         steps = pipeline.get("steps") or []
         reviews = [s.get("text", "") for s in steps if s.get("pass") == "reviewer"]
         review = reviews[-1] if reviews else ""
+        ended_at = pipeline.get("updated_at")
         if state == "done":
-            return Outcome(
-                run_kind="pipeline", signal=str(pipeline.get("signal") or NO_SIGNAL), answer=review
-            )
+            signal = str(pipeline.get("signal") or NO_SIGNAL)
+            return Outcome(run_kind="pipeline", signal=signal, answer=review, ended_at=ended_at)
         if state == "failed":
-            return Outcome(run_kind="pipeline", signal="error", failure=str(pipeline.get("error")))
+            failure = str(pipeline.get("error"))
+            return Outcome(run_kind="pipeline", signal="error", failure=failure, ended_at=ended_at)
         return Outcome(run_kind="pipeline", signal="unfinished")
     ends = await _root_events(store, session["id"], TURN_END_KINDS)
     inputs = await _root_events(

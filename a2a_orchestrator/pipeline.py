@@ -25,6 +25,7 @@ import dataclasses
 import os
 import re
 import tempfile
+import time
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,6 +299,8 @@ class Pipeline:
             "options": dataclasses.asdict(self.options),
             "steps": self._steps,
             "state": self.state,
+            # When the record last changed: when the run ended, once it has.
+            "updated_at": time.time(),
             **outcome,
         }
         await self.session.store.set_session_metadata(self.session.id, PROGRESS_KEY, record)

@@ -50,6 +50,7 @@ from .api import visible_to
 from .budgets import Spend
 from .events import CHILD_EVENT_KINDS, event_from_dict
 from .outcome import outcome_of
+from .records import RecordKind
 from .session import Session
 from .store import ROOT_ID, ChildRecord, Store, StoredEvent
 from .ui_auth import CSRF_SCOPE_KEY
@@ -100,11 +101,20 @@ def summarize(event: StoredEvent) -> dict[str, Any]:
             summary = describe_event(event_from_dict(dict(payload)))
         except (TypeError, ValueError):
             summary = event.kind
+    elif event.kind == RecordKind.SUBAGENT_RESULT:
+        # The parent's inbox got a child's FINAL_ANSWER: whose, and how it ended.
+        who = f"{payload.get('role', 'child')} {str(payload.get('child_id', ''))[:6]}"
+        summary = f"result of {who}: {payload.get('status', '')}"
     else:
-        # A record (input, steer, control, a subagent's result): its kind and
-        # its first text-like field.
+        # A record (input, steer, control, a refusal): its kind and its first
+        # text-like field.
         words = next(
-            (str(payload[k]) for k in ("text", "message", "action", "result") if k in payload), ""
+            (
+                str(payload[k])
+                for k in ("text", "message", "action", "result", "reason")
+                if k in payload
+            ),
+            "",
         )
         summary = f"{event.kind} {' '.join(words.split())[:80]}".strip()
     detail = next(
@@ -217,7 +227,7 @@ class _Tree:
 
         walk("", 0)
         outcome = await outcome_of(self.store, session)
-        return frame(session, self.story, rows, spend, outcome.signal)
+        return frame(session, self.story, rows, spend, outcome)
 
 
 class _Wake:

@@ -77,6 +77,11 @@ class Story:
             self.root_latest = event.created_at
 
 
+def _end(outcome: Outcome, story: Story | None) -> float | None:
+    """When a finished session ended (its outcome's time, else its last root event's)."""
+    return outcome.ended_at or (story.root_latest if story is not None else None)
+
+
 def _tokens(spend: Spend) -> dict[str, int]:
     return {"input_tokens": spend.input_tokens, "output_tokens": spend.output_tokens}
 
@@ -94,16 +99,16 @@ async def header(store: Store, record: Mapping[str, Any]) -> dict[str, Any]:
         "tokens": total.tokens,
         **_tokens(total),
         "elapsed": elapsed(
-            record.get("created_at"), outcome.ended_at if outcome.finished else None
+            record.get("created_at"), _end(outcome, None) if outcome.finished else None
         ),
     }
 
 
 def _root(
-    record: Mapping[str, Any], story: Story, own: Spend, total: Spend, outcome: str
+    record: Mapping[str, Any], story: Story, own: Spend, total: Spend, outcome: Outcome
 ) -> dict[str, Any]:
     pipeline = bool((record.get("metadata") or {}).get(PROGRESS_KEY))
-    running = outcome == "unfinished"
+    running = not outcome.finished
     # A pipeline calls no model itself: its tokens are its passes'.
     spent = total if pipeline else own + story.in_flight.get(ROOT_ID, Spend())
     return {
@@ -114,10 +119,11 @@ def _root(
         "agent": "pipeline" if pipeline else "parent agent",
         "role": "architect → coder → reviewer" if pipeline else "orchestrator",
         "transport": "in-process",
-        "status": outcome,
+        "status": outcome.signal,
         "state": "running" if running else "completed",
         "last": story.root_last,
-        "elapsed": elapsed(record.get("created_at"), None if running else story.root_latest),
+        # The root runs the whole session: its time is the session's.
+        "elapsed": elapsed(record.get("created_at"), None if running else _end(outcome, story)),
         **_tokens(spent),
     }
 
@@ -127,7 +133,7 @@ def frame(
     story: Story,
     children: list[dict[str, Any]],
     own: Mapping[str, Spend],
-    outcome: str,
+    outcome: Outcome,
 ) -> list[dict[str, Any]]:
     """The rows of the page's tree: the root (when something runs the
     session), its children below it, each refused spawn under the parent that
