@@ -7,7 +7,12 @@
     GET  /api/sessions                       -> {"sessions": [...]}   each with its `usage`
     GET  /api/sessions/{id}/children         -> {"children": [...]}   each with `usage`
                                                 (its own) and `subtree_usage`
-    GET  /api/sessions/{id}/usage            -> {"usage": {...}, "children": {id: {...}}}
+    GET  /api/sessions/{id}/usage            -> {"usage": {...}, "parent": {...},
+                                                 "children": {id: {...}}}
+                                                the session's whole spend (the one
+                                                sum, `Store.session_usage`), its
+                                                parent agent's own, each child's
+                                                subtree's
     GET  /api/sessions/{id}/events?after=&limit=&child=
                                              -> {"events": [...], "next": seq}
 
@@ -36,7 +41,7 @@ from starlette.routing import Route
 from .budgets import Spend
 from .control import ControlPlane
 from .middleware import is_operator, owner_of
-from .store import Store
+from .store import ROOT_ID, Store
 
 __all__ = ["MAX_PAGE", "OWNER_KEY", "api_routes", "owns", "visible_to"]
 
@@ -145,8 +150,10 @@ def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -
         if not await visible(request, session_id):
             return _not_found(session_id)
         subtree = await store.subtree_usage(session_id)
+        own = await store.child_usage(session_id)
         body = {
             "usage": (await store.session_usage(session_id)).as_dict(),
+            "parent": own.get(ROOT_ID, Spend()).as_dict(),
             "children": {child_id: spend.as_dict() for child_id, spend in subtree.items()},
         }
         return JSONResponse(body)

@@ -147,6 +147,7 @@ async def test_a_parent_runs_usage_is_one_sum_in_every_view(tmp_path: Path) -> N
     assert totals == dict.fromkeys(totals, total.tokens)
     # The parent's own calls: in `children` and at the root of the web tree.
     assert tokens_of(parent_line) == own[ROOT_ID].tokens == 3 * 1100
+    assert sum(api_usage["parent"][k] for k in CALL) == 3 * 1100
     root_row = re.search(r'<tr data-child-id="" data-state="completed">(.*?)</tr>', page, re.S)
     assert root_row is not None and "parent agent" in root_row.group(1)
     assert "3000 / 300" in root_row.group(1)
