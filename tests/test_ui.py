@@ -671,14 +671,25 @@ def slow_child_script(messages: Sequence[Any]) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-async def test_a_running_childs_tokens_move_before_its_turn_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["local", "remote"])
+async def test_a_running_childs_tokens_move_before_its_turn_ends(
+    tmp_path: Path, transport: str
+) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with anyio.fail_after(45):
-        async with (
-            orchestrator(tmp_path, parent=ScriptedModel(slow_child_script)) as server,
-            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
-            anyio.create_task_group() as tg,
-        ):
+        async with AsyncExitStack() as stack:
+            network = None
+            if transport == "remote":
+                coder = await stack.enter_async_context(
+                    role_server(tmp_path, slow_child_script, db=tmp_path / "coder.db")
+                )
+                network = Network.of(AgentSpec(name="coder", role="coder", url=coder.url))
+            parent = ScriptedModel(slow_child_script)
+            server = await stack.enter_async_context(orchestrator(tmp_path, network, parent))
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=server.url, timeout=10)
+            )
+            tg = await stack.enter_async_context(anyio.create_task_group())
 
             async def run() -> None:
                 async with a2a_client(server.url, token=TOKEN) as client:
