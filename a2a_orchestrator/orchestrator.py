@@ -23,6 +23,7 @@ delegate session) picks them up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,11 +48,12 @@ from anyio.abc import TaskStatus as StartedStatus
 from . import tracing
 from .access import Access
 from .api import OWNER_KEY, api_routes
+from .budgets import Spend
 from .cards import CardOptions
 from .control import ControlPlane
-from .events import ChildEvent, Done, Failed, MessageDelta, Started
+from .events import ChildEvent, Done, Failed, InputRequired, MessageDelta, Started
 from .hooks import Hooks
-from .models.base import Model
+from .models.base import Model, Usage
 from .network import Network
 from .parent import ParentAgent
 from .pipeline import Brief, Pipeline, PipelineError, TaskSpec
@@ -378,8 +380,20 @@ class OrchestratorExecutor(AgentExecutor):
         text = get_message_text(context.message) if context.message else ""
         metadata = metadata_of(context.message)
         mode = str(metadata.get(MODE_KEY, "pipeline"))
+        # What the session had spent before this task: its turn's end reports
+        # what the whole session spent since (the parent agent's or the
+        # pipeline's calls and every child's), so a caller that delegates to
+        # this orchestrator counts all of it, not only the root's own calls.
+        before: Spend | None = None
 
         async def emit(event: ChildEvent) -> None:
+            if before is not None and isinstance(event, Done | Failed | InputRequired):
+                spent = await self.store.session_usage(context_id) - before
+                spent = dataclasses.replace(spent, seconds=event.spent.seconds)
+                usage = Usage(input_tokens=spent.input_tokens, output_tokens=spent.output_tokens)
+                event = dataclasses.replace(event, spent=spent)
+                if not isinstance(event, InputRequired):
+                    event = dataclasses.replace(event, usage=usage)
             await publish(updater, event)
 
         if mode not in MODES:
@@ -404,6 +418,7 @@ class OrchestratorExecutor(AgentExecutor):
             return
         session = record.session
         assert session is not None  # acquire gives an open session
+        before = await self.store.session_usage(context_id)
         try:
             with anyio.CancelScope() as scope:
                 run = record.tasks[task_id] = _TaskRun(task_id, scope)

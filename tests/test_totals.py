@@ -123,6 +123,8 @@ async def test_a_parent_runs_usage_is_one_sum_in_every_view(tmp_path: Path) -> N
     # The run itself: the parent's 3 calls and the child's 1, 1,100 tokens each.
     assert own[ROOT_ID].model_calls == 3 and own[child.child_id].model_calls == 1
     assert (total.tokens, total.model_calls) == (4 * 1100, 4)
+    # The A2A caller's answer: what the whole session spent in its turn.
+    assert (events[-1].spent.tokens, events[-1].usage.input_tokens) == (4 * 1100, 4000)
     child_tokens = own[child.child_id].tokens
 
     status = cli("status", "--store", str(store_path), cwd=tmp_path)
