@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from .session import Session
 
 __all__ = [
+    "PASSES",
     "PROGRESS_KEY",
     "SIGNALS",
     "Brief",
@@ -65,6 +66,8 @@ Signal: TypeAlias = Literal["TASK_DONE", "TASK_FAILED", "TASK_SKIPPED"]
 SIGNALS: tuple[Signal, ...] = ("TASK_DONE", "TASK_FAILED", "TASK_SKIPPED")
 PROGRESS_KEY = "pipeline"
 """The session metadata key under which a run records itself (see `Pipeline`)."""
+PASSES = ("architect", "coder", "reviewer")
+"""A run's passes, in order (a review round repeats the last two)."""
 
 
 class PipelineError(OrchestratorError):

@@ -54,7 +54,7 @@ from .records import RecordKind
 from .session import Session
 from .store import ROOT_ID, ChildRecord, Store, StoredEvent
 from .ui_auth import CSRF_SCOPE_KEY
-from .ui_story import ROOT_PATH, Story, elapsed, frame, header
+from .ui_story import ROOT_PATH, Story, elapsed, frame, header, one_line, root_record
 from .view import describe_event
 
 __all__ = ["MAX_SESSIONS", "POLL_SECONDS", "ui_routes"]
@@ -130,26 +130,6 @@ def summarize(event: StoredEvent) -> dict[str, Any]:
         "summary": summary,
         "detail": detail[:_DETAIL_CHARS],
     }
-
-
-def _one_line(text: str, width: int = 120) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _root_record(session: Mapping[str, Any]) -> ChildRecord:
-    """The session's root parent agent as its page shows it (it has no row
-    of its own: its events are those stored with no child id)."""
-    return ChildRecord(
-        child_id=ROOT_PATH,
-        session_id=session["id"],
-        role="orchestrator",
-        agent="parent agent",
-        status="",
-        transport="local",
-        trace_id="",
-        created_at=session.get("created_at") or 0.0,
-    )
 
 
 def _status(record: ChildRecord) -> str:
@@ -330,7 +310,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
                     "children": len(children),
                     "counts": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())),
                     "signal": told["signal"],
-                    "ending": _one_line(told["failure"] or told["answer"]),
+                    "ending": one_line(told["failure"] or told["answer"]),
                     "elapsed": told["elapsed"],
                     "tokens": told["tokens"],
                 }
@@ -419,7 +399,7 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
         record = await visible(request, session_id)
         child_id = request.path_params["child_id"]
         if record is not None and child_id == ROOT_PATH:
-            return record, _root_record(record)
+            return record, root_record(record)
         child = await store.get_child(child_id)
         if record is None or child is None or child.session_id != session_id:
             return None
@@ -478,6 +458,8 @@ def ui_routes(store: Store, sessions: Callable[[], Mapping[str, Session]]) -> li
             state=await child_state(child.child_id, record["id"]),
             lines=[line for line in lines if line["kind"] != "message_delta"],
             after=lines[-1]["seq"] if lines else 0,
+            # The root stops with its children (the session's Stop button).
+            stoppable=child.child_id != ROOT_PATH,
         )
 
     async def child_stream(request: Request) -> Response:

@@ -17,16 +17,35 @@ from typing import Any
 
 from .budgets import Spend
 from .outcome import Outcome, outcome_of
-from .pipeline import PROGRESS_KEY
+from .pipeline import PASSES, PROGRESS_KEY
 from .records import RecordKind
-from .store import ROOT_ID, TURN_END_KINDS, Store, StoredEvent
+from .store import ROOT_ID, TURN_END_KINDS, ChildRecord, Store, StoredEvent
 
-__all__ = ["ROOT_PATH", "Story", "elapsed", "frame", "header"]
+__all__ = ["ROOT_PATH", "Story", "elapsed", "frame", "header", "one_line", "root_record"]
 
 ROOT_PATH = "root"
 """The root's page is the child page of this id (a child id is hex: never `root`)."""
 
-PASSES = ("architect", "coder", "reviewer")
+
+def one_line(text: str, width: int = 120) -> str:
+    """`text` on one line, cut to `width` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def root_record(session: Mapping[str, Any]) -> ChildRecord:
+    """The session's root parent agent as its page shows it (it has no row
+    of its own: its events are those stored with no child id)."""
+    return ChildRecord(
+        child_id=ROOT_PATH,
+        session_id=session["id"],
+        role="orchestrator",
+        agent="parent agent",
+        status="",
+        transport="local",
+        trace_id="",
+        created_at=session.get("created_at") or 0.0,
+    )
 
 
 def elapsed(start: float | None, end: float | None) -> str:
