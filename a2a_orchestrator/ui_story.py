@@ -96,9 +96,14 @@ class Story:
             self.root_latest = event.created_at
 
 
-def _end(outcome: Outcome, story: Story | None) -> float | None:
-    """When a finished session ended (its outcome's time, else its last root event's)."""
-    return outcome.ended_at or (story.root_latest if story is not None else None)
+def _elapsed(record: Mapping[str, Any], outcome: Outcome, story: Story | None) -> str:
+    """How long the session ran: until now while it runs; until its end once
+    finished (its outcome's time, else its root's last event), "" when a
+    finished session does not say when it ended (a record from before)."""
+    if not outcome.finished:
+        return elapsed(record.get("created_at"), None)
+    end = outcome.ended_at or (story.root_latest if story is not None else None)
+    return elapsed(record.get("created_at"), end) if end else ""
 
 
 def _tokens(spend: Spend) -> dict[str, int]:
@@ -117,9 +122,7 @@ async def header(store: Store, record: Mapping[str, Any]) -> dict[str, Any]:
         "run_kind": outcome.run_kind,
         "tokens": total.tokens,
         **_tokens(total),
-        "elapsed": elapsed(
-            record.get("created_at"), _end(outcome, None) if outcome.finished else None
-        ),
+        "elapsed": _elapsed(record, outcome, None),
     }
 
 
@@ -142,7 +145,7 @@ def _root(
         "state": "running" if running else "completed",
         "last": story.root_last,
         # The root runs the whole session: its time is the session's.
-        "elapsed": elapsed(record.get("created_at"), None if running else _end(outcome, story)),
+        "elapsed": _elapsed(record, outcome, story),
         **_tokens(spent),
     }
 

@@ -221,25 +221,26 @@ def test_a_parent_answer_without_a_signal_is_no_signal(tmp_path: Path) -> None:
 async def test_a_store_from_before_counts_its_parent_agents_turns(tmp_path: Path) -> None:
     """A store written before the parent agent's turns were counted: opening
     it counts them (migration m008), once."""
-    path = tmp_path / "orchestrator.db"
-    store = Store(path)
-    try:
-        await store.create_session("s")
-        spent = {"input_tokens": 1000, "output_tokens": 100, "model_calls": 1}
-        await store.append_event("s", "done", {"text": "ok", "spent": spent}, uuid="root-done")
-    finally:
-        store.close()
-    # As an earlier version left it: no row for the root's turn, m008 not applied.
-    with sqlite3.connect(path) as db:
-        db.execute("DELETE FROM turn_usage")
-        db.execute("DELETE FROM _sqlite_migrations WHERE name = 'm008_root_usage'")
-    before = sqlite3.connect(path).execute("SELECT count(*) FROM turn_usage").fetchone()
-    totals = []
-    for _ in range(2):
+    with anyio.fail_after(20):
+        path = tmp_path / "orchestrator.db"
         store = Store(path)
         try:
-            totals.append(await store.session_usage("s"))
+            await store.create_session("s")
+            spent = {"input_tokens": 1000, "output_tokens": 100, "model_calls": 1}
+            await store.append_event("s", "done", {"text": "ok", "spent": spent}, uuid="root-done")
         finally:
             store.close()
-    assert before == (0,)
-    assert [(t.tokens, t.model_calls) for t in totals] == [(1100, 1), (1100, 1)]
+        # As an earlier version left it: no row for the root's turn, m008 not applied.
+        with sqlite3.connect(path) as db:
+            db.execute("DELETE FROM turn_usage")
+            db.execute("DELETE FROM _sqlite_migrations WHERE name = 'm008_root_usage'")
+        before = sqlite3.connect(path).execute("SELECT count(*) FROM turn_usage").fetchone()
+        totals = []
+        for _ in range(2):
+            store = Store(path)
+            try:
+                totals.append(await store.session_usage("s"))
+            finally:
+                store.close()
+        assert before == (0,)
+        assert [(t.tokens, t.model_calls) for t in totals] == [(1100, 1), (1100, 1)]
