@@ -102,7 +102,8 @@ class Access:
         if self._token is not None:
             digest = hashlib.sha256(credential.encode()).digest()
             if hmac.compare_digest(digest, self._token):
-                found = Caller(name=DEFAULT_CALLER, kind=CallerKind.TOKEN)
+                # The server's own token: its operator's.
+                found = Caller(name=DEFAULT_CALLER, kind=CallerKind.TOKEN, operator=True)
         if self.callers is not None:
             # Looked at even after a match, so the time says nothing about which.
             matched = self.callers.match(credential)

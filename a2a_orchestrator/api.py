@@ -7,7 +7,12 @@
     GET  /api/sessions                       -> {"sessions": [...]}   each with its `usage`
     GET  /api/sessions/{id}/children         -> {"children": [...]}   each with `usage`
                                                 (its own) and `subtree_usage`
-    GET  /api/sessions/{id}/usage            -> {"usage": {...}, "children": {id: {...}}}
+    GET  /api/sessions/{id}/usage            -> {"usage": {...}, "parent": {...},
+                                                 "children": {id: {...}}}
+                                                the session's whole spend (the one
+                                                sum, `Store.session_usage`), its
+                                                parent agent's own, each child's
+                                                subtree's
     GET  /api/sessions/{id}/events?after=&limit=&child=
                                              -> {"events": [...], "next": seq}
 
@@ -18,7 +23,9 @@ a JSON body, never an empty list.
 Sessions belong to their caller (`OWNER_KEY` in the session's metadata, the
 owner key of the caller whose A2A task opened it; "" without auth, and for
 sessions the CLI runs): a caller lists only its own, and another caller's
-session answers exactly as one that does not exist.
+session answers exactly as one that does not exist. An operator (the
+server's own token, or a caller the callers file marks `operator = true`)
+also sees the sessions of no caller: those the CLI ran on this store.
 """
 
 from __future__ import annotations
@@ -27,16 +34,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .budgets import Spend
 from .control import ControlPlane
-from .middleware import owner_of
-from .store import Store
+from .middleware import is_operator, owner_of
+from .store import ROOT_ID, Store
 
-__all__ = ["MAX_PAGE", "OWNER_KEY", "api_routes", "owns"]
+__all__ = ["MAX_PAGE", "OWNER_KEY", "api_routes", "owns", "visible_to"]
 
 OWNER_KEY = "owner"
 """The session metadata field naming the caller a session belongs to."""
@@ -71,15 +78,22 @@ def owns(session: Mapping[str, Any] | None, owner: str) -> bool:
     return session is not None and session["metadata"].get(OWNER_KEY, "") == owner
 
 
+def visible_to(session: Mapping[str, Any] | None, conn: HTTPConnection) -> bool:
+    """Whether the caller of `conn` may see `session`: its own, and, for an
+    operator, the sessions of no caller (run from the command line)."""
+    if owns(session, owner_of(conn)):
+        return True
+    return is_operator(conn) and owns(session, "")
+
+
 def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -> list[Route]:
     """Routes over `store`; `planes()` gives the live sessions' root control planes."""
 
     async def visible(request: Request, session_id: str) -> bool:
-        return owns(await store.get_session(session_id), owner_of(request))
+        return visible_to(await store.get_session(session_id), request)
 
     async def list_sessions(request: Request) -> JSONResponse:
-        owner = owner_of(request)
-        sessions = [s for s in await store.list_sessions() if owns(s, owner)]
+        sessions = [s for s in await store.list_sessions() if visible_to(s, request)]
         for session in sessions:
             session["usage"] = (await store.session_usage(session["id"])).as_dict()
         return JSONResponse({"sessions": sessions})
@@ -136,8 +150,10 @@ def api_routes(store: Store, planes: Callable[[], Mapping[str, ControlPlane]]) -
         if not await visible(request, session_id):
             return _not_found(session_id)
         subtree = await store.subtree_usage(session_id)
+        own = await store.child_usage(session_id)
         body = {
             "usage": (await store.session_usage(session_id)).as_dict(),
+            "parent": own.get(ROOT_ID, Spend()).as_dict(),
             "children": {child_id: spend.as_dict() for child_id, spend in subtree.items()},
         }
         return JSONResponse(body)

@@ -87,6 +87,17 @@ class Spend:
             cost=self.cost + other.cost,
         )
 
+    def __sub__(self, earlier: Spend) -> Spend:
+        """What was spent since `earlier` (a total read before this one;
+        totals only grow, so nothing is below 0)."""
+        return Spend(
+            input_tokens=max(self.input_tokens - earlier.input_tokens, 0),
+            output_tokens=max(self.output_tokens - earlier.output_tokens, 0),
+            model_calls=max(self.model_calls - earlier.model_calls, 0),
+            seconds=max(self.seconds - earlier.seconds, 0.0),
+            cost=max(self.cost - earlier.cost, 0.0),
+        )
+
     def amount(self, kind: str) -> float:
         """The spend of one of `BUDGET_KINDS`."""
         return self.tokens if kind == "tokens" else getattr(self, kind)

@@ -13,6 +13,10 @@ hash of each caller's token, never the token, and the limits of each caller:
     token_hash = "sha256:9c1e...:4be0..."
     concurrent_tasks = 2
 
+    [callers.ops]
+    token_hash = "sha256:51aa...:07c3..."
+    operator = true                        # also sees the sessions run from the CLI
+
     [subjects."svc-billing@clients"]       # an OAuth2 caller (the JWT's `sub`): limits only
     tokens_per_day = 100000
 
@@ -30,6 +34,11 @@ and is logged; a file that is gone means no file callers at all.
 
 The token in `A2A_AUTH_TOKEN` (the single shared token of earlier versions)
 is one more caller, named `default`; the file's `[limits]` apply to it.
+
+An operator (the `default` caller, or a file caller marked `operator =
+true`) is a caller whose views (the HTTP API, the web view) also show the
+sessions that belong to no caller: those run from the command line on the
+server's store. It owns nothing more than any caller.
 """
 
 from __future__ import annotations
@@ -116,6 +125,8 @@ class Caller:
     """Its name: the callers file's table name, `default`, or the JWT's `sub`."""
     kind: CallerKind
     """How it proved who it is."""
+    operator: bool = field(default=False, compare=False)
+    """It also sees the sessions of no caller (see the module docstring)."""
 
     @property
     def owner(self) -> str:
@@ -158,6 +169,7 @@ class _Entry:
     salt: str
     digest: bytes
     limits: Limits
+    operator: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,12 +226,14 @@ class CallerFile:
         the time taken says nothing about which entry, or how much of one,
         matched.
         """
-        found: str | None = None
+        found: _Entry | None = None
         for entry in self._current().entries:
             candidate = hashlib.sha256(f"{entry.salt}:{token}".encode()).hexdigest().encode()
             if hmac.compare_digest(candidate, entry.digest) and found is None:
-                found = entry.name
-        return Caller(name=found, kind=CallerKind.TOKEN) if found is not None else None
+                found = entry
+        if found is None:
+            return None
+        return Caller(name=found.name, kind=CallerKind.TOKEN, operator=found.operator)
 
     def limits(self, caller: Caller) -> Limits:
         """The caller's limits, unset ones from the file's `[limits]`."""
@@ -278,8 +292,13 @@ def _parse(path: Path) -> _Parsed:
                 "(a2a-orchestrator token add NAME --file FILE makes one)"
             )
         salt, digest = match.groups()
-        limits = _limits(path, where, table, {"token_hash"})
-        entries.append(_Entry(name=name, salt=salt, digest=digest.encode(), limits=limits))
+        operator = table.get("operator", False)
+        if not isinstance(operator, bool):
+            raise ConfigError(f"callers file {path}: {where}: operator must be true or false")
+        limits = _limits(path, where, table, {"token_hash", "operator"})
+        entries.append(
+            _Entry(name=name, salt=salt, digest=digest.encode(), limits=limits, operator=operator)
+        )
     subjects = {
         str(sub): _limits(path, f"[subjects.{sub!r}]", _table(path, "[subjects]", raw), set())
         for sub, raw in _table(path, "[subjects]", data.get("subjects", {})).items()

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DEFAULT_PORTS", "DEFAULT_STORE", "DEFAULT_TOKEN_ENV", "EXIT_CODES", "PROTOCOLS"]
+__all__ = [
+    "DEFAULT_PORTS",
+    "DEFAULT_STORE",
+    "DEFAULT_TOKEN_ENV",
+    "EXIT_CODES",
+    "NO_SIGNAL",
+    "NO_SIGNAL_EXIT",
+    "PROTOCOLS",
+]
 
 DEFAULT_PORTS = {
     "orchestrator": 9100,
@@ -24,6 +32,11 @@ EXIT_CODES: dict[str, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 
 """`run` and `demo` exit with the task's signal (`pipeline.Signal`, each one
 here: tests/test_cli.py checks); 2 means bad usage or configuration. Keyed by
 plain strings so this module imports nothing of the package."""
+NO_SIGNAL = "no signal"
+"""What `status`, `run --parent` and the web view say of a parent agent's
+answer that ends with no `TASK_*` line: it did not say how the task went."""
+NO_SIGNAL_EXIT = 4
+"""`run --parent`'s exit code for `NO_SIGNAL` (none of `EXIT_CODES`, nor 2)."""
 PROTOCOLS = ("both", "1.0")
 """`both`: endpoints for A2A 1.0 and 0.3 (v0.3 peers can read the card);
 `1.0`: a card with A2A 1.0 fields only."""

@@ -239,10 +239,20 @@ class ControlPlane:
         **config: Any,
     ) -> ChildHandle:
         """Spawn one child; `SpawnRefusedError` when a hook or the gate says
-        no, `ConfigError` for an unknown agent or a model not offered."""
-        if model is not None:
-            self._check_model(role, model)
-        return await self._spawn(role, prompt, model, system_prompt, tools, config)
+        no, `ConfigError` for an unknown agent or a model not offered. A
+        refusal is recorded (`SPAWN_REFUSED`), so the views show it."""
+        try:
+            if model is not None:
+                self._check_model(role, model)
+            return await self._spawn(role, prompt, model, system_prompt, tools, config)
+        except (SpawnRefusedError, ConfigError) as exc:
+            await self.session.store.append_event(
+                self.session.id,
+                RecordKind.SPAWN_REFUSED,
+                {"role": role, "prompt": prompt[:500], "reason": str(exc)},
+                child_id=self.parent_id or None,
+            )
+            raise
 
     def _check_model(self, agent: str, model: object) -> None:
         """Refuse a model the operator does not offer for `agent`'s role: the

@@ -106,10 +106,15 @@ def _decode_part(part: Part) -> ChildEvent | None:
     uuid = struct_string(fields.get(EVENT_ID_KEY)) or new_uuid()
     # A WORKING event's part says all; the event that ends a batch's turn
     # (`frames.py`) reads its usage, spend and reason as a message's.
-    meta = {} if kind in _WORKING_KINDS else _part_meta(part)
+    meta = {} if kind in _WORKING_KINDS and "spent" not in fields else _part_meta(part)
     text = part.text if part.HasField("text") else ""
     data: Any = from_wire(_python(part.data)) if part.HasField("data") else {}
     return _event(kind, uuid, meta, text, data if isinstance(data, dict) else {})
+
+
+def _step_spent(meta: dict[str, Any]) -> Spend | None:
+    """A step's model call spend, when its first event carries one."""
+    return Spend.from_dict(meta["spent"]) if isinstance(meta.get("spent"), dict) else None
 
 
 def _part_meta(part: Part) -> dict[str, Any]:
@@ -188,10 +193,11 @@ def _event(
         case "message_restarted":
             return MessageRestarted(uuid=uuid, reason=text)
         case "message":
-            return AssistantMessage(uuid=uuid, text=text)
+            return AssistantMessage(uuid=uuid, text=text, spent=_step_spent(meta))
         case "tool_called":
             args = data.get("arguments")
             return ToolCalled(
+                spent=_step_spent(meta),
                 uuid=uuid,
                 call_id=str(data.get("call_id", "")),
                 tool=str(data.get("tool", "")),

@@ -59,6 +59,7 @@ from .wire import (
     publish,
     send_ending,
     to_wire,
+    working_meta,
     working_part,
 )
 
@@ -167,7 +168,7 @@ class FrameBatcher:
             return
         parts = []
         for event, part in pending:
-            part.metadata.update({EVENT_KEY: event.kind, EVENT_ID_KEY: event.uuid})
+            part.metadata.update({**to_wire(working_meta(event)), EVENT_ID_KEY: event.uuid})
             parts.append(part)
         message = self._updater.new_agent_message(parts, metadata={EVENT_KEY: BATCH_KIND})
         message.extensions.append(self._extension)

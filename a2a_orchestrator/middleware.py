@@ -47,6 +47,7 @@ __all__ = [
     "CallerUser",
     "HeaderCheck",
     "auth_error",
+    "is_operator",
     "owner_of",
 ]
 
@@ -87,6 +88,12 @@ def owner_of(conn: HTTPConnection) -> str:
     """The owner key of a request's caller; "" without auth (everyone is one caller)."""
     user = conn.scope.get("user")
     return user.caller.owner if isinstance(user, CallerUser) else ""
+
+
+def is_operator(conn: HTTPConnection) -> bool:
+    """Whether a request's caller is an operator (`callers.Caller.operator`)."""
+    user = conn.scope.get("user")
+    return isinstance(user, CallerUser) and user.caller.operator
 
 
 class _Refused(AuthenticationError):

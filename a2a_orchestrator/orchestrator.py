@@ -29,6 +29,7 @@ delegate session) picks them up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,12 +54,12 @@ from anyio.abc import TaskStatus as StartedStatus
 from . import tracing
 from .access import Access
 from .api import OWNER_KEY, api_routes
-from .budgets import PriceTable
+from .budgets import PriceTable, Spend
 from .cards import CardOptions
 from .control import ControlPlane
-from .events import ChildEvent, Done, Failed, MessageDelta, Started
+from .events import ChildEvent, Done, Failed, InputRequired, MessageDelta, Started
 from .hooks import Hooks
-from .models.base import Model
+from .models.base import Model, Usage
 from .network import Network
 from .parent import ParentAgent
 from .pipeline import Brief, Pipeline, PipelineCancelled, PipelineError, TaskSpec
@@ -103,6 +104,8 @@ MODE_KEY = "a2aOrchestrator.mode"
 MODES = ("pipeline", "delegate")
 _UNFOLLOWED = 1000
 """Endings of runs answered from the web view kept for their task's next message."""
+_TITLE_CHARS = 2000
+"""A session's title is its task's text, whitespace folded, at most this long."""
 
 
 def build_orchestrator_card(
@@ -407,15 +410,27 @@ class OrchestratorExecutor(AgentExecutor):
         text = get_message_text(context.message) if context.message else ""
         metadata = metadata_of(context.message)
         mode = str(metadata.get(MODE_KEY, "pipeline"))
+        # What the session had spent before this task: its turn's end reports
+        # what the whole session spent since (the parent agent's or the
+        # pipeline's calls and every child's), so a caller that delegates to
+        # this orchestrator counts all of it, not only the root's own calls.
+        before: Spend | None = None
 
         async def emit(event: ChildEvent) -> None:
+            if before is not None and isinstance(event, Done | Failed | InputRequired):
+                spent = await self.store.session_usage(context_id) - before
+                spent = dataclasses.replace(spent, seconds=event.spent.seconds)
+                usage = Usage(input_tokens=spent.input_tokens, output_tokens=spent.output_tokens)
+                event = dataclasses.replace(event, spent=spent)
+                if not isinstance(event, InputRequired):
+                    event = dataclasses.replace(event, usage=usage)
             await publish(updater, event)
 
         if mode not in MODES:
             await emit(Started(role="orchestrator"))
             await emit(Failed(reason="error", message=f"unknown mode {mode!r}; use {MODES}"))
             return
-        if not await self._owns_session(context_id, context):
+        if not await self._owns_session(context_id, context, title=text):
             await emit(Started(role="orchestrator"))
             await emit(
                 Failed(
@@ -456,6 +471,7 @@ class OrchestratorExecutor(AgentExecutor):
             return
         if run is None:
             run = record.tasks[task_id] = _TaskRun(task_id, anyio.CancelScope())
+        before = await self.store.session_usage(context_id)
         try:
             with anyio.CancelScope() as scope:
                 run.scope, run.following = scope, True
@@ -511,8 +527,11 @@ class OrchestratorExecutor(AgentExecutor):
         finally:
             self.host.release(record)
 
-    async def _owns_session(self, session_id: str, context: RequestContext) -> bool:
-        """Whether the request's caller owns the session (it does a new one).
+    async def _owns_session(
+        self, session_id: str, context: RequestContext, *, title: str = ""
+    ) -> bool:
+        """Whether the request's caller owns the session (it does a new one,
+        titled with the task that opened it, as `run` titles its sessions).
 
         The handler already refuses a context in which another caller has
         A2A tasks; a session opened otherwise (`run --session`) has its
@@ -520,7 +539,9 @@ class OrchestratorExecutor(AgentExecutor):
         """
         call = context.call_context
         owner = call.user.user_name if call is not None else ""
-        await self.store.create_session(session_id, metadata={OWNER_KEY: owner})
+        await self.store.create_session(
+            session_id, title=" ".join(title.split())[:_TITLE_CHARS], metadata={OWNER_KEY: owner}
+        )
         record = await self.store.get_session(session_id)
         return record is not None and record["metadata"].get(OWNER_KEY, "") == owner
 

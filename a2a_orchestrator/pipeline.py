@@ -28,6 +28,7 @@ import dataclasses
 import os
 import re
 import tempfile
+import time
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from .session import Session
 
 __all__ = [
+    "PASSES",
     "PROGRESS_KEY",
     "SIGNALS",
     "Brief",
@@ -67,6 +69,8 @@ Signal: TypeAlias = Literal["TASK_DONE", "TASK_FAILED", "TASK_SKIPPED"]
 SIGNALS: tuple[Signal, ...] = ("TASK_DONE", "TASK_FAILED", "TASK_SKIPPED")
 PROGRESS_KEY = "pipeline"
 """The session metadata key under which a run records itself (see `Pipeline`)."""
+PASSES = ("architect", "coder", "reviewer")
+"""A run's passes, in order (a review round repeats the last two)."""
 
 
 class PipelineError(OrchestratorError):
@@ -325,6 +329,8 @@ class Pipeline:
             "options": dataclasses.asdict(self.options),
             "steps": self._steps,
             "state": self.state,
+            # When the record last changed: when the run ended, once it has.
+            "updated_at": time.time(),
             **outcome,
         }
         await self.session.store.set_session_metadata(self.session.id, PROGRESS_KEY, record)

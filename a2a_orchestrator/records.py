@@ -40,6 +40,9 @@ class RecordKind(enum.StrEnum):
     """An injection whose template could not be rendered (nothing was put in)."""
     CONTROL = "control"
     """A control action on a child: pause, resume, interrupt, terminate, reinstate."""
+    SPAWN_REFUSED = "spawn_refused"
+    """A spawn a hook, the gate, the policy or the offered models refused:
+    the role asked for and the reason (stored under the parent that asked)."""
 
 
 _CONVERSATION_INPUTS = frozenset(

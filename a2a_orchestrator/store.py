@@ -17,11 +17,13 @@ Contract:
   the CLI read a session while an orchestrator writes it.
 - Events are keyed by uuid: appending a uuid twice is a no-op that reports
   False, which is how readers that absorb events de-duplicate.
-- Usage: every event that ends a child's turn (done, failed,
-  input_required) writes that turn's spend into `turn_usage`, keyed by the
-  event's uuid, in the same transaction. Totals (a child's, a subtree's, a
-  session's) are sums over those rows, so they are exact after a crash and a
-  resume: a turn is counted once whoever stores its end, and never twice.
+- Usage: every event that ends a turn (done, failed, input_required) of a
+  child, or of the session's root parent agent (under `ROOT_ID`), writes
+  that turn's spend into `turn_usage`, keyed by the event's uuid, in the
+  same transaction. Totals (a child's, a subtree's, a session's) are sums
+  over those rows, so they are exact after a crash and a resume: a turn is
+  counted once whoever stores its end, and never twice. `session_usage` is
+  the one sum every view of a session's total reads.
 """
 
 from __future__ import annotations
@@ -45,10 +47,22 @@ from .groupcommit import GroupWriter
 from .journal import ToolJournal, create_table
 from .sqlitefile import SQLiteFile
 
-__all__ = ["MIGRATIONS", "TURN_END_KINDS", "ChildRecord", "RunnerRecord", "Store", "StoredEvent"]
+__all__ = [
+    "MIGRATIONS",
+    "ROOT_ID",
+    "TURN_END_KINDS",
+    "ChildRecord",
+    "RunnerRecord",
+    "Store",
+    "StoredEvent",
+]
 
 TURN_END_KINDS = ("done", "failed", "input_required")
 """Stored event kinds that end a child's turn and carry its spend."""
+
+ROOT_ID = ""
+"""The `turn_usage` child id of the session's root (its parent agent, whose
+events are stored with no child id): its spend is part of the session's."""
 
 _SPEND_COLUMNS = ("input_tokens", "output_tokens", "model_calls", "seconds", "cost")
 
@@ -264,6 +278,22 @@ def m008_tool_call_host(db: sqlite_utils.Database) -> None:
     create_table(db.conn)
 
 
+@MIGRATIONS()
+def m009_root_usage(db: sqlite_utils.Database) -> None:
+    # The root parent agent's turns were not counted before: their ends are
+    # stored with no child id. Counted now under ROOT_ID, from their spend.
+    spent = ", ".join(f"coalesce(json_extract(payload, '$.spent.{c}'), 0)" for c in _SPEND_COLUMNS)
+    db.execute(
+        f"""
+        INSERT OR IGNORE INTO turn_usage
+            (uuid, session_id, child_id, {", ".join(_SPEND_COLUMNS)}, created_at)
+        SELECT uuid, session_id, '', {spent}, created_at
+        FROM events
+        WHERE kind IN {TURN_END_KINDS!r} AND child_id IS NULL
+        """
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChildRecord:
     """One row of the children table."""
@@ -343,10 +373,11 @@ def _event_values(entry: EventEntry) -> EventValues:
 
 
 def _usage_values(values: EventValues, payload: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """The turn_usage row of an event that ends a child's turn (None for others)."""
+    """The turn_usage row of an event that ends a turn (None for others)."""
     event_uuid, session_id, child_id, kind, _, now = values
-    if kind not in TURN_END_KINDS or child_id is None:
+    if kind not in TURN_END_KINDS:
         return None
+    child_id = child_id or ROOT_ID
     spend = Spend.from_dict(payload.get("spent"))
     return (
         event_uuid,
@@ -724,7 +755,8 @@ class Store:
     # -- usage ------------------------------------------------------------------
 
     async def child_usage(self, session_id: str) -> dict[str, Spend]:
-        """Each child's own spend (its finished turns), by child id."""
+        """Each child's own spend (its finished turns), by child id; the root
+        parent agent's under `ROOT_ID`."""
         sums = ", ".join(f"sum({column})" for column in _SPEND_COLUMNS)
 
         def rows() -> dict[str, Spend]:
@@ -774,7 +806,8 @@ class Store:
         return await self._run(total)
 
     async def session_usage(self, session_id: str) -> Spend:
-        """What every child of a session spent, in total."""
+        """What the session spent, in total: its root parent agent and every
+        child (remote or local, pipeline passes among them)."""
         return sum((await self.child_usage(session_id)).values(), Spend())
 
     async def export_jsonl(self, session_id: str, out: IO[str]) -> int:

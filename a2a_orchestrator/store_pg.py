@@ -134,6 +134,26 @@ MIGRATIONS: list[tuple[str, str]] = [
         # are judged by the machine they were written on (`journal.recovery`).
         "ALTER TABLE tool_calls ADD COLUMN runner_host TEXT;",
     ),
+    (
+        "m004_root_usage",
+        # The root parent agent's turns, counted under ROOT_ID ('') as the
+        # SQLite store's m009 does.
+        """
+        INSERT INTO turn_usage
+            (uuid, session_id, child_id, input_tokens, output_tokens, model_calls, seconds,
+             cost, created_at)
+        SELECT uuid, session_id, '',
+               coalesce((payload::jsonb #>> '{spent,input_tokens}')::bigint, 0),
+               coalesce((payload::jsonb #>> '{spent,output_tokens}')::bigint, 0),
+               coalesce((payload::jsonb #>> '{spent,model_calls}')::bigint, 0),
+               coalesce((payload::jsonb #>> '{spent,seconds}')::float8, 0),
+               coalesce((payload::jsonb #>> '{spent,cost}')::float8, 0),
+               created_at
+        FROM events
+        WHERE kind IN ('done', 'failed', 'input_required') AND child_id IS NULL
+        ON CONFLICT (uuid) DO NOTHING;
+        """,
+    ),
 ]
 """(name, SQL) in order; each applied once per database (`a2a_migrations`)."""
 

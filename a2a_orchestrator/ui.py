@@ -2,9 +2,13 @@
 child's event log and result, live over server-sent events.
 
     GET /ui                                        sessions list
-    GET /ui/sessions/{id}                          the tree: role, transport, status,
-                                                   last event, tokens; stop buttons
+    GET /ui/sessions/{id}                          what was asked, how it ended, and
+                                                   the tree under its root (the parent
+                                                   agent or the pipeline): role,
+                                                   transport, status, last event,
+                                                   tokens, elapsed; stop buttons
     GET /ui/sessions/{id}/children/{child}         a child's event log and result
+                                                   (`root`: the parent agent's)
     GET /ui/stream, /ui/sessions/{id}/stream,
         /ui/sessions/{id}/children/{child}/stream  the same, live (text/event-stream)
     GET /ui/static/{ui.js,ui.css}                  the page's script and style
@@ -29,7 +33,8 @@ session page, while this server holds the session, with a box to answer
 it; the answer goes where the terminal's or the A2A caller's would, and the
 first answer counts. The stop buttons call the HTTP API (`api.py`). Access is the API's: the
 same authentication (a browser logs in once, see `ui_auth.py`), and a
-caller sees only its own sessions; another's answer 404.
+caller sees only its own sessions (an operator also those run from the
+command line); another's answer 404.
 """
 
 from __future__ import annotations
@@ -47,14 +52,17 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .api import owns
+from .api import visible_to
 from .budgets import Spend
 from .events import CHILD_EVENT_KINDS, event_from_dict
 from .middleware import owner_of
+from .outcome import outcome_of
+from .records import RecordKind
 from .session import Session
-from .store import ChildRecord, Store, StoredEvent
+from .store import ROOT_ID, ChildRecord, Store, StoredEvent
 from .streams import StreamSlots
 from .ui_auth import CSRF_SCOPE_KEY
+from .ui_story import ROOT_PATH, Story, elapsed, frame, header, one_line, root_record
 from .view import describe_event
 
 __all__ = ["MAX_SESSIONS", "POLL_SECONDS", "ui_routes"]
@@ -103,11 +111,20 @@ def summarize(event: StoredEvent) -> dict[str, Any]:
             summary = describe_event(event_from_dict(dict(payload)))
         except (TypeError, ValueError):
             summary = event.kind
+    elif event.kind == RecordKind.SUBAGENT_RESULT:
+        # The parent's inbox got a child's FINAL_ANSWER: whose, and how it ended.
+        who = f"{payload.get('role', 'child')} {str(payload.get('child_id', ''))[:6]}"
+        summary = f"result of {who}: {payload.get('status', '')}"
     else:
-        # A record (input, steer, control, a subagent's result): its kind and
-        # its first text-like field.
+        # A record (input, steer, control, a refusal): its kind and its first
+        # text-like field.
         words = next(
-            (str(payload[k]) for k in ("text", "message", "action", "result") if k in payload), ""
+            (
+                str(payload[k])
+                for k in ("text", "message", "action", "result", "reason")
+                if k in payload
+            ),
+            "",
         )
         summary = f"{event.kind} {' '.join(words.split())[:80]}".strip()
     detail = next(
@@ -143,6 +160,7 @@ class _Tree:
         self.session_id = session_id
         self.seq = 0
         self.last: dict[str, str] = {}
+        self.story = Story()
 
     async def advance(self) -> bool:
         """Read the events stored since the last call; whether there were any."""
@@ -151,15 +169,18 @@ class _Tree:
             page = await self.store.events(self.session_id, after=self.seq, limit=_PAGE)
             for event in page:
                 # Deltas are summed up by the message that follows them.
-                if event.child_id and event.kind != "message_delta":
-                    self.last[event.child_id] = summarize(event)["summary"]
+                summary = summarize(event)["summary"] if event.kind != "message_delta" else ""
+                if event.child_id and summary:
+                    self.last[event.child_id] = summary
+                self.story.see(event, summary)
             if page:
                 self.seq, grew = page[-1].seq, True
             if len(page) < _PAGE:
                 return grew
 
-    async def rows(self) -> list[dict[str, Any]]:
-        """The children in tree order (each after its parent), with depth."""
+    async def rows(self, session: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The tree's rows: the root, then the children in tree order (each
+        after its parent), with depth (see `ui_story.frame`)."""
         records = await self.store.list_children(session_id=self.session_id)
         spend = await self.store.child_usage(self.session_id)
         below: dict[str, list[ChildRecord]] = {}
@@ -172,8 +193,17 @@ class _Tree:
         def walk(parent: str, depth: int) -> None:
             for record in sorted(below.get(parent, []), key=lambda r: r.created_at):
                 used = spend.get(record.child_id, Spend())
+                running = record.status in ("running", "input_required")
+                if running:
+                    # The turn under way: what its model calls spent so far.
+                    used = used + self.story.in_flight.get(record.child_id, Spend())
                 rows.append(
                     {
+                        "key": record.child_id,
+                        "link": record.child_id,
+                        "elapsed": elapsed(
+                            record.created_at, None if running else record.completed_at
+                        ),
                         "child_id": record.child_id,
                         "parent_id": record.parent_id,
                         "depth": depth,
@@ -191,7 +221,8 @@ class _Tree:
                 walk(record.child_id, depth + 1)
 
         walk("", 0)
-        return rows
+        outcome = await outcome_of(self.store, session)
+        return frame(session, self.story, rows, spend, outcome)
 
 
 class _Wake:
@@ -304,10 +335,10 @@ def ui_routes(
 
     async def visible(request: Request, session_id: str) -> dict[str, Any] | None:
         session = await store.get_session(session_id)
-        return session if owns(session, owner_of(request)) else None
+        return session if visible_to(session, request) else None
 
-    async def session_list(owner: str) -> list[dict[str, Any]]:
-        records = [s for s in await store.list_sessions() if owns(s, owner)]
+    async def session_list(request: Request) -> list[dict[str, Any]]:
+        records = [s for s in await store.list_sessions() if visible_to(s, request)]
         records.sort(key=lambda s: s.get("created_at") or 0, reverse=True)
         rows = []
         for record in records[:MAX_SESSIONS]:
@@ -315,31 +346,33 @@ def ui_routes(
             counts: dict[str, int] = {}
             for child in children:
                 counts[child.status] = counts.get(child.status, 0) + 1
-            used = await store.session_usage(record["id"])
+            told = await header(store, record)
             rows.append(
                 {
                     "id": record["id"],
-                    "title": record.get("title") or "",
+                    "title": told["title"],
                     "created": _when(record.get("created_at")),
                     "children": len(children),
                     "counts": ", ".join(f"{n} {status}" for status, n in sorted(counts.items())),
-                    "tokens": used.input_tokens + used.output_tokens,
+                    "signal": told["signal"],
+                    "ending": one_line(told["failure"] or told["answer"]),
+                    "elapsed": told["elapsed"],
+                    "tokens": told["tokens"],
                 }
             )
         return rows
 
     async def sessions_page(request: Request) -> Response:
-        return page(request, "sessions.html", sessions=await session_list(owner_of(request)))
+        return page(request, "sessions.html", sessions=await session_list(request))
 
     async def sessions_stream(request: Request) -> Response:
-        owner = owner_of(request)
 
         async def chunks() -> AsyncIterator[str]:
             yield "retry: 2000\n\n"
             sent: list[dict[str, Any]] | None = None
             quiet = 0.0
             while True:
-                rows = await session_list(owner)
+                rows = await session_list(request)
                 if rows != sent:
                     yield _sse(rows, event="sessions")
                     sent, quiet = rows, 0.0
@@ -377,7 +410,8 @@ def ui_routes(
             request,
             "session.html",
             session=record,
-            rows=await tree.rows(),
+            told=await header(store, record),
+            rows=await tree.rows(record),
             after=tree.seq,
             questions=questions_of(session_id),
         )
@@ -417,6 +451,10 @@ def ui_routes(
         if await visible(request, session_id) is None:
             return Response("not found", status_code=404, headers=_HEADERS)
 
+        async def paint(tree: _Tree, record: Mapping[str, Any]) -> str:
+            told = _sse(await header(store, record), event="told")
+            return told + _sse(await tree.rows(record), event="tree", seq=tree.seq)
+
         async def chunks() -> AsyncIterator[str]:
             tree = _Tree(store, session_id)
             wake = _Wake(sessions, session_id)
@@ -425,7 +463,8 @@ def ui_routes(
                 # Last events come from the whole log, whatever the client
                 # saw: a reconnect repaints the tree from the store.
                 await tree.advance()
-                yield _sse(await tree.rows(), event="tree", seq=tree.seq)
+                record = await store.get_session(session_id) or {}
+                yield await paint(tree, record)
                 asked = questions_of(session_id)
                 yield _sse(asked, event="questions")
                 quiet = 0.0
@@ -436,8 +475,12 @@ def ui_routes(
                     if questions_of(session_id) != asked:
                         asked = questions_of(session_id)
                         yield _sse(asked, event="questions")
-                    if await tree.advance():
-                        yield _sse(await tree.rows(), event="tree", seq=tree.seq)
+                    # The record too: a pipeline's progress (how it ended)
+                    # is written there, after its last event.
+                    grew, was = await tree.advance(), record
+                    record = await store.get_session(session_id) or {}
+                    if grew or record != was:
+                        yield await paint(tree, record)
                         quiet = 0.0
                     else:
                         quiet += POLL_SECONDS
@@ -452,12 +495,26 @@ def ui_routes(
     async def child_of(request: Request) -> tuple[dict[str, Any], ChildRecord] | None:
         session_id = request.path_params["session_id"]
         record = await visible(request, session_id)
-        child = await store.get_child(request.path_params["child_id"])
+        child_id = request.path_params["child_id"]
+        if record is not None and child_id == ROOT_PATH:
+            return record, root_record(record)
+        child = await store.get_child(child_id)
         if record is None or child is None or child.session_id != session_id:
             return None
         return record, child
 
     async def child_state(child_id: str, session_id: str) -> dict[str, Any]:
+        if child_id == ROOT_PATH:
+            session = await store.get_session(session_id) or {"id": session_id}
+            outcome = await outcome_of(store, session)
+            used = (await store.child_usage(session_id)).get(ROOT_ID, Spend())
+            return {
+                "status": outcome.signal,
+                "state": "running" if outcome.signal == "unfinished" else "completed",
+                "result": outcome.failure or outcome.answer,
+                "input_tokens": used.input_tokens,
+                "output_tokens": used.output_tokens,
+            }
         child = await store.get_child(child_id)
         used = (await store.child_usage(session_id)).get(child_id, Spend())
         return {
@@ -469,8 +526,16 @@ def ui_routes(
         }
 
     async def child_log(session_id: str, child_id: str, after: int) -> list[dict[str, Any]]:
-        page = await store.events(session_id, child_id=child_id, after=after, limit=_PAGE)
-        return [summarize(e) for e in page]
+        if child_id != ROOT_PATH:
+            page = await store.events(session_id, child_id=child_id, after=after, limit=_PAGE)
+            return [summarize(e) for e in page]
+        # The root's events are those of no child: read past the children's.
+        while True:
+            page = await store.events(session_id, after=after, limit=_PAGE)
+            mine = [summarize(e) for e in page if e.child_id is None]
+            if mine or len(page) < _PAGE:
+                return mine
+            after = page[-1].seq
 
     async def child_page(request: Request) -> Response:
         found = await child_of(request)
@@ -491,6 +556,8 @@ def ui_routes(
             state=await child_state(child.child_id, record["id"]),
             lines=[line for line in lines if line["kind"] != "message_delta"],
             after=lines[-1]["seq"] if lines else 0,
+            # The root stops with its children (the session's Stop button).
+            stoppable=child.child_id != ROOT_PATH,
         )
 
     async def child_stream(request: Request) -> Response:

@@ -74,6 +74,7 @@ def up(args: argparse.Namespace) -> int:
         )
         _wait_for_card(f"http://127.0.0.1:{args.port}", processes)
         say(f"  {'orchestrator':<12} http://127.0.0.1:{args.port}  (control API /api/sessions)")
+        say(f"  {'web view':<12} http://127.0.0.1:{args.port}/ui")
         say("network up; Ctrl-C stops it")
         stop = {"now": False}
 

@@ -16,7 +16,10 @@ Server side, `publish` turns each `ChildEvent` into task updates:
 
 `done`, `failed` and `input_required` carry the turn's spend in metadata
 (`spent`: tokens, model calls, seconds, cost); `failed` names reason
-`budget` when the child's budget stopped it.
+`budget` when the child's budget stopped it. The first `message` or
+`tool_called` of each step carries that step's model call's `spent` too, so
+a caller sees a running turn's tokens move (they are counted in totals only
+by the turn's end).
 
 Every status message carries `metadata[EVENT_KEY] = kind` (and the usage or
 reason where the event has one), so our own client reads events back exactly;
@@ -108,6 +111,7 @@ __all__ = [
     "started_message",
     "struct_string",
     "to_wire",
+    "working_meta",
     "working_part",
     "write_at_once",
 ]
@@ -269,6 +273,15 @@ def working_part(event: ChildEvent) -> Part | None:
     return None
 
 
+def working_meta(event: ChildEvent) -> dict[str, Any]:
+    """A WORKING event's metadata besides its part: its kind, and the model
+    call's spend on a step's first event (see the module docstring)."""
+    spent = getattr(event, "spent", None)
+    if spent is None:
+        return {EVENT_KEY: event.kind}
+    return {EVENT_KEY: event.kind, "spent": spent.as_dict()}
+
+
 def _data_part(data: dict[str, Any]) -> Part:
     """`new_data_part(data)`, the same part, built by protobuf's own `Struct.update`
     (a third of the time of a2a-sdk's `ParseDict`, on the hot path of every tool event)."""
@@ -282,7 +295,7 @@ async def publish(updater: TaskUpdater, event: ChildEvent) -> None:
     part = working_part(event)
     if part is not None:
         working = TaskState.TASK_STATE_WORKING
-        await _status(updater, working, [part], {EVENT_KEY: event.kind}, event.uuid)
+        await _status(updater, working, [part], working_meta(event), event.uuid)
         return
     if isinstance(event, Started):
         message = started_message(event, updater.new_agent_message([]))

@@ -235,11 +235,9 @@ def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     resume = cli("resume", session, cwd=tmp_path)
     missing = cli("children", "nope", cwd=tmp_path)
     assert session in status.stdout and "3 completed" in status.stdout
-    assert [line.split()[1] for line in children.stdout.splitlines()] == [
-        "architect",
-        "coder",
-        "reviewer",
-    ]
+    *rows, total = children.stdout.splitlines()
+    assert [line.split()[1] for line in rows] == ["architect", "coder", "reviewer"]
+    assert total.startswith("session total: ")
     assert "started" in events.stdout and "done" in events.stdout
     lines = [json.loads(line) for line in jsonl.stdout.splitlines()]
     kinds = [line["kind"] for line in lines]
@@ -294,6 +292,7 @@ def test_up_starts_the_network_and_stops_it(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
     assert sorted(cards.values()) == ["architect", "coder", "observer", "orchestrator", "reviewer"]
+    assert f"http://127.0.0.1:{ports[4]}/ui\n" in "".join(lines)  # the web view
     assert process.returncode == 0 and "network stopped" in out
     for port in ports:
         with pytest.raises(httpx.HTTPError):
@@ -351,7 +350,9 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
 
 def test_stop_never_acts_behind_a_server_that_refuses(tmp_path: Path) -> None:
     env = {**OFFLINE, "A2A_AUTH_TOKEN": "s3cret"}
-    with serve_process(tmp_path, "orchestrator", env=env) as (process, url, _):
+    with serve_process(tmp_path, "orchestrator", env=env) as (process, url, banner):
+        # The banner says where the web view is, and how to get in.
+        assert f"  web view: {url}/ui  (log in with a caller token)\n" in banner, banner
         refused = subprocess.run(
             [*CLI, "stop", "some-session", "--server", url],
             capture_output=True,

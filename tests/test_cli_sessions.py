@@ -268,7 +268,8 @@ def test_short_ids_status_and_git(tmp_path: Path) -> None:
     child = children.stdout.split()[0]
     events = cli("events", short, "--child", child[:6], cwd=tmp_path)
     stop = cli("stop", short, "--server", "http://127.0.0.1:9", cwd=tmp_path)
-    assert children.returncode == 0 and len(children.stdout.splitlines()) == 3
+    # Three passes, then the session's total.
+    assert children.returncode == 0 and len(children.stdout.splitlines()) == 4
     assert events.returncode == 0 and all(child in line for line in events.stdout.splitlines())
     assert "input:" in events.stdout and "done" in events.stdout
     assert stop.returncode == 0 and "stopped 0" in stop.stdout

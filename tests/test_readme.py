@@ -174,7 +174,8 @@ def test_the_session_example_runs_in_process_and_remote(coder: str, tmp_path: Pa
         timeout=60,
         env={**os.environ, **OFFLINE},
     )
-    lines = stored.stdout.splitlines()
+    *lines, total = stored.stdout.splitlines()
+    assert total.startswith("session total: "), stored
     assert [line.split()[1] for line in lines] == ["coder", "reviewer"], stored
     assert all("completed" in line for line in lines)
     where = lines[0].split()[3]

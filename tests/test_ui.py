@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -27,11 +29,13 @@ from test_server import collect, user_message
 
 from a2a_orchestrator.access import Access
 from a2a_orchestrator.api import OWNER_KEY
-from a2a_orchestrator.callers import DEFAULT_CALLER
+from a2a_orchestrator.callers import DEFAULT_CALLER, CallerFile, add_caller
+from a2a_orchestrator.commands.common import PIPELINE_PASSES
 from a2a_orchestrator.events import Done, Started, ToolCalled, event_to_dict
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.roles import find_role
 from a2a_orchestrator.server import RunningServer
 from a2a_orchestrator.store import ChildRecord, Store
 
@@ -307,7 +311,7 @@ async def test_streams_resume_after_the_last_event_id(tmp_path: Path) -> None:
             everything = await sse_events(http, url, auth, 5)
             started_seq = everything[1][0]
             resumed = await sse_events(http, url, {**auth, "Last-Event-ID": started_seq}, 3)
-            tree = await sse_events(http, f"/ui/sessions/{session_id}/stream", auth, 1)
+            tree = await sse_events(http, f"/ui/sessions/{session_id}/stream", auth, 2)
     names = [name for _, name, _ in everything]
     assert names == ["child", "line", "line", "line", "child"]
     assert [data["kind"] for _, name, data in everything if name == "line"] == [
@@ -318,7 +322,9 @@ async def test_streams_resume_after_the_last_event_id(tmp_path: Path) -> None:
     assert everything[0][2]["result"] == "the answer"
     # A reconnect gets only what came after the last event it saw.
     assert [data["kind"] for _, name, data in resumed if name == "line"] == ["tool_called", "done"]
-    (_, name, rows), *_ = tree
+    # The session's header first (how it ended), then its tree.
+    (_, told_name, told), (_, name, rows) = tree
+    assert told_name == "told" and told["signal"] == "-"
     assert name == "tree" and [r["child_id"] for r in rows] == [child_id]
     assert rows[0]["status"] == "completed" and rows[0]["last"] == 'done "the answer"'
 
@@ -436,25 +442,22 @@ async def test_a_browser_follows_a_live_session_and_stops_a_child(tmp_path: Path
             await expect(row).to_have_count(1)
             await expect(row.first).to_contain_text("running")
             assert await page.evaluate("window.__loaded") is True
-            shots = Path(SHOTS) if SHOTS else tmp_path
-            shots.mkdir(exist_ok=True)
-            await page.screenshot(path=str(shots / "ui-sessions.png"))
             session_id = await row.first.get_attribute("data-session-id")
             assert session_id
 
-            # The session's tree: both children run; the quick one finishes
-            # on the page while it stays open.
+            # The session's tree: the parent agent at its root, both children
+            # run; the quick one finishes on the page while it stays open.
             await row.first.locator("a").click()
             children = page.locator("#tree tbody tr")
-            await expect(children).to_have_count(2)
+            await expect(children).to_have_count(3)
             await page.evaluate("window.__loaded = true")
-            quick, slow = children.nth(0), children.nth(1)
+            await expect(children.nth(0)).to_contain_text("parent agent")
+            quick, slow = children.nth(1), children.nth(2)
             await expect(quick.locator(".status")).to_have_text("completed")
             await expect(slow.locator(".status")).to_have_text("running")
             # The hostile answer is text on the page, and nothing ran.
             await expect(quick.locator(".last")).to_contain_text("<script>window.__xss")
             assert await page.evaluate("window.__loaded === true && window.__xss === undefined")
-            await page.screenshot(path=str(shots / "ui-session.png"))
 
             # Stop the slow child from its row.
             slow_id = await slow.get_attribute("data-child-id")
@@ -485,3 +488,279 @@ async def test_a_browser_follows_a_live_session_and_stops_a_child(tmp_path: Path
         store.close()
     assert stopped is not None and (stopped.status, stopped.reason) == ("failed", "aborted")
     assert [e.payload for e in controls] == [{"action": "terminate"}]
+
+
+# -- the story of a real run -------------------------------------------------------
+
+PROMPTS = {name: find_role(name).prompt.strip()[:60] for name in PIPELINE_PASSES}
+STORY_TASK = "Add a slugify(title) helper to utils.py, with tests"
+PARENT_ANSWER = "The coder added slugify() and its tests; they pass."
+
+
+def story_script(messages: Sequence[Any]) -> dict[str, Any]:
+    """Every conversation of the story runs: a parent agent that spawns a coder
+    (and asks for an agent nobody offers, which the policy refuses), and the
+    pipeline's three passes, the architect's slow enough to watch."""
+    system = str(messages[0].get("content", ""))
+    call = {"input_tokens": 1200, "output_tokens": 150}
+    if "Agents you can delegate to" in system:
+        if not any(m["role"] == "assistant" for m in messages):
+            agents = [
+                {"role": "coder", "prompt": "Implement slugify in utils.py with tests"},
+                {"role": "designer", "prompt": "Draw a logo"},
+            ]
+            spawn = {"name": "agent", "arguments": {"agents": agents}}
+            return {"tool_calls": [spawn], "usage": call}
+        if any(m["role"] == "user" and "FINAL_ANSWER" in str(m["content"]) for m in messages):
+            return {"text": f"{PARENT_ANSWER}\nTASK_DONE", "usage": call}
+        return {"tool_calls": [{"name": "agent_manage", "arguments": {}}], "usage": call}
+    if PROMPTS["architect"] in system:
+        return {"delay": 2, "text": "## Approach\nA regex slug; tests for spaces.", "usage": call}
+    if PROMPTS["reviewer"] in system:
+        return {"text": "Reviewed: correct and tested.\nTASK_DONE", "usage": call}
+    return {"delay": 1, "text": "Implemented slugify; 3 tests pass.\nTASK_DONE", "usage": call}
+
+
+async def run_story(server: RunningServer, mode: str) -> list[Any]:
+    async with a2a_client(server.url, token=TOKEN) as client:
+        request = user_message(STORY_TASK if mode == "delegate" else f"Pipeline: {STORY_TASK}")
+        request.message.metadata.update({MODE_KEY: mode})
+        _, events = await collect(client, request)
+    return events
+
+
+async def open_session(page: Any, title: str) -> None:
+    await page.locator("#sessions tbody tr", has_text=title).locator("a").first.click()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
+async def test_a_browser_reads_the_title_outcome_and_tree_of_real_runs(tmp_path: Path) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    with anyio.fail_after(150):
+        async with AsyncExitStack() as stack:
+            server = await stack.enter_async_context(
+                orchestrator(tmp_path, parent=ScriptedModel(story_script))
+            )
+            playwright = await stack.enter_async_context(async_playwright())
+            browser = await playwright.chromium.launch(
+                executable_path=str(CHROMIUM), args=BROWSER_ARGS
+            )
+            stack.push_async_callback(browser.close)
+            page = await browser.new_page(viewport={"width": 1280, "height": 720})
+            expect.set_options(timeout=30_000)
+            await page.goto(f"{server.url}/ui/login")
+            await page.fill('input[name="token"]', TOKEN)
+            await page.click('button[type="submit"]')
+            shots = Path(SHOTS) if SHOTS else tmp_path
+
+            # A pipeline, watched while it runs: its root and the passes to come.
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            pipeline_events: list[Any] = []
+
+            async def pipeline() -> None:
+                pipeline_events.extend(await run_story(server, "pipeline"))
+
+            tg.start_soon(pipeline)
+            await expect(page.locator("#sessions tbody tr")).to_have_count(1)
+            await open_session(page, "Pipeline:")
+            rows = page.locator("#tree tbody tr")
+            await expect(page.locator("#task")).to_have_text(f"Pipeline: {STORY_TASK}")
+            await expect(rows.nth(0)).to_contain_text("pipeline")
+            await expect(page.locator('#tree tr[data-state="pending"]')).to_have_count(2)
+            await expect(page.locator("#signal")).to_have_text("TASK_DONE")
+            await expect(rows).to_have_count(4)
+            for row, name in zip(range(1, 4), PIPELINE_PASSES, strict=True):
+                await expect(rows.nth(row)).to_contain_text(name)
+                await expect(rows.nth(row).locator(".status")).to_have_text("completed")
+            await expect(page.locator("#ending")).to_contain_text("Reviewed: correct and tested.")
+            await page.screenshot(path=str(shots / "ui-pipeline.png"), full_page=True)
+
+            # A parent agent's run: the agent at the root with its own tokens,
+            # its child, and the spawn refused with its reason.
+            parent_events = await run_story(server, "delegate")
+            await page.goto(f"{server.url}/ui")
+            await expect(page.locator("#sessions tbody tr")).to_have_count(2)
+            await expect(page.locator("#sessions tbody tr").first).to_contain_text(STORY_TASK)
+            await expect(page.locator("#sessions tbody tr").first).to_contain_text("TASK_DONE")
+            await page.screenshot(path=str(shots / "ui-sessions.png"))
+            await open_session(page, STORY_TASK)
+            await expect(page.locator("#task")).to_have_text(STORY_TASK)
+            await expect(page.locator("#signal")).to_have_text("TASK_DONE")
+            await expect(page.locator("#ending")).to_contain_text(PARENT_ANSWER)
+            root, child, refused = rows.nth(0), rows.nth(1), rows.nth(2)
+            await expect(rows).to_have_count(3)
+            await expect(root).to_contain_text("parent agent")
+            # Its own three calls (spawn, wait, answer).
+            await expect(root).to_contain_text("3600 / 450")
+            await expect(child).to_contain_text("coder")
+            await expect(child.locator(".status")).to_have_text("completed")
+            await expect(refused.locator(".status")).to_have_text("refused")
+            await expect(refused.locator(".last")).to_contain_text("designer")
+            await page.screenshot(path=str(shots / "ui-session.png"), full_page=True)
+
+            # The root's own page: the parent's events.
+            await root.locator("a").click()
+            await expect(page.locator("#log tbody tr").first).to_contain_text("input")
+            await expect(page.locator("#log")).to_contain_text("calls agent")
+    assert isinstance(pipeline_events[-1], Done) and isinstance(parent_events[-1], Done)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
+async def test_a_person_reading_the_page_finds_what_was_asked_how_it_ended_and_who_did_it(
+    tmp_path: Path,
+) -> None:
+    from playwright.async_api import async_playwright
+
+    with anyio.fail_after(100):
+        async with AsyncExitStack() as stack:
+            server = await stack.enter_async_context(
+                orchestrator(tmp_path, parent=ScriptedModel(story_script))
+            )
+            await run_story(server, "delegate")
+            playwright = await stack.enter_async_context(async_playwright())
+            browser = await playwright.chromium.launch(
+                executable_path=str(CHROMIUM), args=BROWSER_ARGS
+            )
+            stack.push_async_callback(browser.close)
+            page = await browser.new_page()
+            await page.goto(f"{server.url}/ui/login")
+            await page.fill('input[name="token"]', TOKEN)
+            await page.click('button[type="submit"]')
+            listing = await page.inner_text("main")
+            await open_session(page, STORY_TASK)
+            await page.wait_for_selector("#tree tbody tr")
+            text = await page.inner_text("main")
+    # The list says what was asked and how it ended.
+    assert STORY_TASK in listing and "TASK_DONE" in listing
+    # The page, as read top to bottom: the task, how it ended and the answer,
+    # then who did the work (each found after the one before).
+    at = 0
+    for phrase in (STORY_TASK, "TASK_DONE", PARENT_ANSWER, "parent agent", "coder", "refused"):
+        assert phrase in text[at:], f"{phrase!r} not after position {at} of:\n{text}"
+        at = text.index(phrase, at) + len(phrase)
+    assert "unknown" in text.lower() or "designer" in text  # the refusal's reason
+
+
+async def test_an_operator_sees_the_sessions_run_from_the_command_line(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "Checked.\nTASK_DONE"}]))
+    store_path = tmp_path / "orchestrator.db"
+    ran = subprocess.run(
+        [
+            *(sys.executable, "-m", "a2a_orchestrator.cli", "run", "Check the CLI session"),
+            *("--parent", "--store", str(store_path)),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "A2A_MODEL_SCRIPT": str(script)},
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    callers = tmp_path / "callers.toml"
+    ops_token = add_caller(callers, "ops")
+    team_token = add_caller(callers, "team")
+    # The operator's marking, as the README says to write it.
+    marked = callers.read_text().replace("[callers.ops]\n", "[callers.ops]\noperator = true\n")
+    callers.write_text(marked)
+    seen: dict[str, tuple[int, bool]] = {}
+    with anyio.fail_after(30):
+        async with (
+            run_orchestrator_server(
+                store_path=store_path,
+                workdir=tmp_path,
+                network=Network.of(),
+                models=lambda name: ScriptedModel([]),
+                db=str(tmp_path / "orchestrator-tasks.db"),
+                access=Access(token=TOKEN, callers=CallerFile(callers)),
+            ) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            for who, token in {"server token": TOKEN, "ops": ops_token, "team": team_token}.items():
+                auth = {"Authorization": f"Bearer {token}"}
+                api = (await http.get("/api/sessions", headers=auth)).json()["sessions"]
+                page = await http.get("/ui", headers=auth)
+                seen[who] = (len(api), "Check the CLI session" in page.text)
+            (session,) = api_sessions = (
+                await http.get("/api/sessions", headers={"Authorization": f"Bearer {TOKEN}"})
+            ).json()["sessions"]
+            tree = await http.get(
+                f"/ui/sessions/{session['id']}", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            theirs = await http.get(
+                f"/ui/sessions/{session['id']}", headers={"Authorization": f"Bearer {team_token}"}
+            )
+    # The server's own token and a caller marked operator see it; another caller does not.
+    assert seen == {"server token": (1, True), "ops": (1, True), "team": (0, False)}
+    assert api_sessions[0]["title"] == "Check the CLI session"
+    assert tree.status_code == 200 and "TASK_DONE" in tree.text
+    assert theirs.status_code == 404
+
+
+def slow_child_script(messages: Sequence[Any]) -> dict[str, Any]:
+    """A parent that spawns a coder and waits; the coder's first call is
+    quick (a tool call), its second slow: its turn runs with one call spent."""
+    system = str(messages[0].get("content", ""))
+    steps = sum(1 for m in messages if m["role"] == "assistant")
+    if "Agents you can delegate to" in system:
+        if steps == 0:
+            agents = [{"role": "coder", "prompt": "implement slugify"}]
+            return {"tool_calls": [{"name": "agent", "arguments": {"agents": agents}}]}
+        return {"tool_calls": [{"name": "agent_manage", "arguments": {}}]}
+    if steps == 0:
+        call = {"name": "read_file", "arguments": {"path": "README.md"}}
+        return {"tool_calls": [call], "usage": {"input_tokens": 700, "output_tokens": 70}}
+    return {"delay": 60, "text": "too late"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "remote"])
+async def test_a_running_childs_tokens_move_before_its_turn_ends(
+    tmp_path: Path, transport: str
+) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with anyio.fail_after(45):
+        async with AsyncExitStack() as stack:
+            network = None
+            if transport == "remote":
+                coder = await stack.enter_async_context(
+                    role_server(tmp_path, slow_child_script, db=tmp_path / "coder.db")
+                )
+                network = Network.of(AgentSpec(name="coder", role="coder", url=coder.url))
+            parent = ScriptedModel(slow_child_script)
+            server = await stack.enter_async_context(orchestrator(tmp_path, network, parent))
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=server.url, timeout=10)
+            )
+            tg = await stack.enter_async_context(anyio.create_task_group())
+
+            async def run() -> None:
+                async with a2a_client(server.url, token=TOKEN) as client:
+                    request = user_message("Implement slugify")
+                    request.message.metadata.update({MODE_KEY: "delegate"})
+                    await collect(client, request)
+
+            tg.start_soon(run)
+            sessions: list[Any] = []
+            while not sessions:
+                await anyio.sleep(0.1)
+                sessions = (await http.get("/api/sessions", headers=auth)).json()["sessions"]
+            session_id = sessions[0]["id"]
+            seen: list[dict[str, Any]] = []
+            async with http.stream(
+                "GET", f"/ui/sessions/{session_id}/stream", headers=auth
+            ) as response:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ["):
+                        continue
+                    rows = json.loads(line.removeprefix("data: "))
+                    seen = [r for r in rows if r["role"] == "coder" and r["state"] == "running"]
+                    if seen and seen[0]["input_tokens"]:
+                        break
+            stopped = await http.post(f"/api/sessions/{session_id}/subagents/stop", headers=auth)
+    # The coder is still in its turn, and its first call's tokens show.
+    assert (seen[0]["input_tokens"], seen[0]["output_tokens"]) == (700, 70)
+    assert stopped.status_code == 200

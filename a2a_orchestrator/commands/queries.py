@@ -6,28 +6,16 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
 
 from ..budgets import Spend
 from ..events import CHILD_EVENT_KINDS, event_from_dict
-from ..pipeline import PROGRESS_KEY
+from ..outcome import outcome_of
 from ..runner import liveness
+from ..store import ROOT_ID
 from ..view import describe_event
 from .common import child_id_of, existing_store, runner_name, say, session_id_of
 
 __all__ = ["children", "events", "status"]
-
-
-def _signal_of(metadata: dict[str, Any]) -> str:
-    """What `status` says of a session's outcome: the run's TASK_* signal, else
-    `error` (a pipeline that failed), `unfinished` (one that has not ended) or `-`."""
-    pipeline = metadata.get(PROGRESS_KEY) or {}
-    signal = metadata.get("signal") or pipeline.get("signal")
-    if signal:
-        return str(signal)
-    if pipeline.get("state") == "failed":
-        return "error"
-    return "unfinished" if pipeline else "-"
 
 
 async def status(args: argparse.Namespace) -> int:
@@ -50,7 +38,7 @@ async def status(args: argparse.Namespace) -> int:
         title = " ".join(session["title"].split())
         title = title if len(title) <= 50 else title[:49] + "…"
         spent = _usage_cell(await store.session_usage(session["id"]))
-        signal = _signal_of(session["metadata"])
+        signal = (await outcome_of(store, session)).signal
         rows.append((session["id"], started, signal, states, spent, ran, title))
     store.close()
     header = ("SESSION", "STARTED", "SIGNAL", "CHILDREN", "USAGE", "RUNNER", "TITLE")
@@ -85,6 +73,10 @@ async def children(args: argparse.Namespace) -> int:
                 f"{record.child_id}  {record.agent or record.role:<12} {record.status}"
                 f"{detail:<12} {where}  {spent}  {' '.join(record.result.split())[:60]}"
             )
+        # The root parent agent's own calls, and the one sum `status` shows.
+        if ROOT_ID in own:
+            say(f"parent agent (the session's root): {_usage_cell(own[ROOT_ID])}")
+        say(f"session total: {_usage_cell(await store.session_usage(session_id))}")
     finally:
         store.close()
     return 0

@@ -148,6 +148,9 @@ async def serve(args: argparse.Namespace) -> int:
             say(f"  ({MODEL_HINT})")
         for line in extra:
             say(line)
+        if name == "orchestrator":
+            login = "  (log in with a caller token)" if access is not None else ""
+            say(f"  web view: {server.url}/ui{login}")
         say(f"  work directory: {workdir}; task store: {db}")
         say(f"  metrics: {_describe_metrics(server.url, access is not None, **metrics)}")
         say(f"  auth: {access.describe() if access is not None else 'off'}")

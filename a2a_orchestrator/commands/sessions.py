@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..clidefaults import EXIT_CODES
+from ..clidefaults import EXIT_CODES, NO_SIGNAL, NO_SIGNAL_EXIT
 from ..errors import OrchestratorError
 from ..events import ChildEvent, Done, Failed, InputRequired
 from ..heap import settle
@@ -171,7 +171,8 @@ async def _follow_pipeline(
     if not tree.live:
         tree.draw()
     say(f"\nsignal: {result.signal}   artifacts: {workdir / result.artifact_dir}")
-    say(f"usage: {result.total.describe()}")
+    # The session's one sum (`Store.session_usage`), as `status` shows it.
+    say(f"usage: {(await session.store.session_usage(session.id)).describe()}")
     return EXIT_CODES[result.signal]
 
 
@@ -228,16 +229,22 @@ async def _run_parent(
         if reactions is not None:
             reactions.close()
         parent.close()
+    if not tree.live:
+        tree.draw()
     text = outcome.text if isinstance(outcome, Done) else getattr(outcome, "message", "")
     say("\n" + text)
     if session.stop_requested:
         say(STOPPED_LINE)
-    signal: Signal = "TASK_FAILED"
+    signal: Signal | None = "TASK_FAILED"
     if isinstance(outcome, Done):
-        signal = extract_signal(text) or "TASK_DONE"
-    # `status` shows it, as it shows a pipeline's.
-    await session.store.set_session_metadata(session.id, "signal", signal)
-    return EXIT_CODES[signal]
+        # An answer that names no signal says nothing of how the task went:
+        # recorded as such, never as TASK_DONE.
+        signal = extract_signal(text)
+    # `status` and the web view show it, as they show a pipeline's.
+    await session.store.set_session_metadata(session.id, "signal", signal or NO_SIGNAL)
+    say(f"\nsignal: {signal or NO_SIGNAL}")
+    say(f"usage: {(await session.store.session_usage(session.id)).describe()}")
+    return EXIT_CODES[signal] if signal is not None else NO_SIGNAL_EXIT
 
 
 async def resume(args: argparse.Namespace) -> int:

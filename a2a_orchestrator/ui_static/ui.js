@@ -137,10 +137,16 @@
       ...sessions.map((s) => {
         const tr = el("tr");
         tr.dataset.sessionId = s.id;
-        const first = el("td");
-        first.appendChild(link("/ui/sessions/" + encodeURIComponent(s.id), s.id, true));
-        tr.append(first, el("td", s.title), el("td", s.created), el("td", s.children, "num"),
-          el("td", s.counts), el("td", s.tokens, "num"));
+        const task = el("td", undefined, "task");
+        task.appendChild(link("/ui/sessions/" + encodeURIComponent(s.id), s.title || s.id));
+        const id = el("div", undefined, "hint");
+        id.appendChild(el("code", s.id));
+        task.appendChild(id);
+        const signal = el("td", s.signal, "signal");
+        signal.dataset.signal = s.signal;
+        signal.appendChild(el("div", s.ending, "hint"));
+        tr.append(task, signal, el("td", s.created), el("td", s.elapsed, "num"),
+          el("td", s.children, "num"), el("td", s.counts), el("td", s.tokens, "num"));
         return tr;
       })
     );
@@ -157,11 +163,12 @@
         tr.dataset.childId = r.child_id;
         tr.dataset.state = r.state;
         const agent = el("td", undefined, "agent depth-" + Math.min(r.depth, 8));
-        agent.appendChild(link(base + "/children/" + encodeURIComponent(r.child_id), r.agent));
+        if (r.link) agent.appendChild(link(base + "/children/" + encodeURIComponent(r.link), r.agent));
+        else agent.textContent = r.agent;
         const id = el("td");
         id.appendChild(el("code", r.child_id.slice(0, 8)));
         const action = el("td");
-        if (RUNNING.includes(r.state)) {
+        if (r.child_id && RUNNING.includes(r.state)) {
           const button = el("button", "Stop", "stop");
           button.type = "button";
           button.dataset.stop =
@@ -171,7 +178,8 @@
         }
         tr.append(agent, el("td", r.role), id, el("td", r.transport),
           el("td", r.status, "status"), el("td", r.last, "last"),
-          el("td", r.input_tokens + " / " + r.output_tokens, "num"), action);
+          el("td", r.input_tokens + " / " + r.output_tokens, "num"),
+          el("td", r.elapsed, "num"), action);
         return tr;
       })
     );
@@ -185,7 +193,24 @@
     document.getElementById("tokens").textContent =
       state.input_tokens + " / " + state.output_tokens;
     document.getElementById("result").textContent = state.result;
-    document.getElementById("stop-child").hidden = !RUNNING.includes(state.state);
+    const stopChild = document.getElementById("stop-child"); // none on the root's page
+    if (stopChild) stopChild.hidden = !RUNNING.includes(state.state);
+  }
+
+  function told(session) {
+    document.getElementById("task").textContent = session.title || "(no task recorded)";
+    document.getElementById("outcome").dataset.signal = session.signal;
+    document.getElementById("signal").textContent = session.signal;
+    document.getElementById("elapsed").textContent = session.elapsed;
+    document.getElementById("total").textContent =
+      session.input_tokens + " / " + session.output_tokens;
+    const ending = session.failure || session.answer;
+    const label = document.getElementById("ending-label");
+    label.textContent = session.failure ? "Failure" : "Final answer";
+    label.hidden = !ending;
+    const text = document.getElementById("ending");
+    text.textContent = ending;
+    text.hidden = !ending;
   }
 
   function logLine(line) {
@@ -228,6 +253,7 @@
   on("sessions", sessionsRows);
   on("tree", treeRows);
   on("questions", questions);
+  on("told", told);
   on("child", childState);
   on("line", logLine);
 })();

@@ -1,0 +1,81 @@
+"""`outcome_of`: how a session ended, read from what its run stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from a2a_orchestrator.clidefaults import NO_SIGNAL
+from a2a_orchestrator.events import Done, Failed, event_to_dict
+from a2a_orchestrator.outcome import outcome_of
+from a2a_orchestrator.pipeline import PROGRESS_KEY
+from a2a_orchestrator.records import RecordKind
+from a2a_orchestrator.store import Store
+
+pytestmark = pytest.mark.anyio
+
+
+async def told(store: Store, session_id: str) -> tuple[str, str, str]:
+    outcome = await outcome_of(store, await store.get_session(session_id) or {})
+    return outcome.signal, outcome.answer, outcome.failure
+
+
+async def test_a_parents_outcome_is_its_last_turns_end(tmp_path: Path) -> None:
+    with anyio.fail_after(20):
+        store = Store(tmp_path / "s.db")
+        try:
+            for sid in ("none", "done", "plain", "failed", "again", "child-only"):
+                await store.create_session(sid)
+            await store.append_event("done", RecordKind.INPUT, {"text": "go"})
+            await store.append_event("done", "done", event_to_dict(Done(text="Fixed.\nTASK_DONE")))
+            await store.append_event("plain", RecordKind.INPUT, {"text": "go"})
+            await store.append_event("plain", "done", event_to_dict(Done(text="Here is a view.")))
+            await store.append_event("failed", RecordKind.INPUT, {"text": "go"})
+            failed = Failed(reason="max_turns", message="out of steps")
+            await store.append_event("failed", "failed", event_to_dict(failed))
+            # A second turn asked for after the first ended: not ended yet.
+            await store.append_event("again", RecordKind.INPUT, {"text": "go"})
+            await store.append_event("again", "done", event_to_dict(Done(text="x\nTASK_DONE")))
+            await store.append_event("again", RecordKind.INPUT, {"text": "and then?"})
+            # A child's end is not the session's.
+            child = event_to_dict(Done(text="TASK_FAILED"))
+            await store.append_event("child-only", "done", child, child_id="c1")
+            found = {sid: await told(store, sid) for sid in ("none", "done", "plain", "failed")}
+            again = await told(store, "again")
+            child_only = await told(store, "child-only")
+        finally:
+            store.close()
+        assert found == {
+            "none": ("-", "", ""),
+            "done": ("TASK_DONE", "Fixed.\nTASK_DONE", ""),
+            "plain": (NO_SIGNAL, "Here is a view.", ""),
+            "failed": ("TASK_FAILED", "", "max_turns: out of steps"),
+        }
+        assert again[0] == "unfinished" and child_only[0] == "-"
+
+
+async def test_a_pipelines_outcome_is_its_record(tmp_path: Path) -> None:
+    with anyio.fail_after(20):
+        store = Store(tmp_path / "s.db")
+        try:
+            steps = [{"pass": "reviewer", "child_id": "r", "text": "Good.\nTASK_DONE"}]
+            records = {
+                "done": {"state": "done", "signal": "TASK_DONE", "steps": steps, "updated_at": 5.0},
+                "failed": {"state": "failed", "error": "coder pass: model down", "steps": []},
+                "running": {"state": "running", "steps": []},
+            }
+            for sid, record in records.items():
+                await store.create_session(sid)
+                await store.set_session_metadata(sid, PROGRESS_KEY, record)
+            found = {sid: await told(store, sid) for sid in records}
+            done = await outcome_of(store, await store.get_session("done") or {})
+        finally:
+            store.close()
+        assert found == {
+            "done": ("TASK_DONE", "Good.\nTASK_DONE", ""),
+            "failed": ("error", "", "coder pass: model down"),
+            "running": ("unfinished", "", ""),
+        }
+        assert done.ended_at == 5.0 and done.run_kind == "pipeline"
