@@ -530,9 +530,11 @@ async def test_a_browser_answers_a_question_that_arrives_while_the_page_is_open(
                     await box.locator("button").click()
                     await expect(page.locator("#notice")).to_have_text("answered")
                     await expect(box).to_have_count(0)
+                    # The pipeline's own row first, then its three passes.
                     rows = page.locator("#tree tbody tr")
-                    await expect(rows).to_have_count(3)
-                    for index in range(3):
+                    await expect(rows).to_have_count(4)
+                    await expect(rows.nth(0).locator(".agent")).to_contain_text("pipeline")
+                    for index in range(1, 4):
                         await expect(rows.nth(index).locator(".status")).to_have_text("completed")
                     await browser.close()
                 # The caller's stream ended at the question; the run went on.
