@@ -241,19 +241,25 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"environment variable holding the bearer token; auth is on when it is set "
         f"(default: {DEFAULT_TOKEN_ENV})",
     )
-    serve.add_argument("--model", default=None, help="override the role's model name")
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="role servers: override the role's model name (the orchestrator's agents "
+        "each use their own role's model)",
+    )
     serve.add_argument(
         "--models",
         default=None,
-        help="comma-separated model names a caller may choose for its child, besides "
-        "default, mini and the role file's `models` (default: $A2A_MODELS)",
+        help="comma-separated model names a caller (or the orchestrator's parent agent) may "
+        "choose for a child, besides default, mini and the role file's `models` "
+        "(default: $A2A_MODELS)",
     )
     serve.add_argument(
         "--max-memory-mb",
         type=_positive,
         default=None,
-        help="size of the conversations kept in memory; the oldest idle ones are "
-        "rebuilt from the task store (default: $A2A_MAX_MEMORY_MB or 256)",
+        help="role servers: size of the conversations kept in memory; the oldest idle ones "
+        "are rebuilt from the task store (default: $A2A_MAX_MEMORY_MB or 256)",
     )
     serve.add_argument(
         "--body-timeout",
@@ -265,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--store",
         type=_store_location,
-        default=_store_location(os.environ["A2A_STORE"]) if os.environ.get("A2A_STORE") else None,
+        default=None,
         help="orchestrator only: its store, a file (default: .a2a/orchestrator.db under "
         "--workdir) or postgresql://... shared by orchestrator replicas ($A2A_STORE)",
     )
@@ -273,9 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lease",
         type=_seconds,
         default=None,
-        help="orchestrator replicas on PostgreSQL: seconds a session's lease lasts unrenewed, "
-        "so how soon another replica takes over a dead one's sessions "
-        "(default: $A2A_LEASE_SECONDS or 15)",
+        help="replicas on PostgreSQL (a --store for the orchestrator, a --db for a role): "
+        "seconds a lease lasts unrenewed, so how soon another replica takes over a dead "
+        "one's work; same as --lease-seconds (default: $A2A_LEASE_SECONDS or 15)",
     )
     serve.add_argument(
         "--protocol",
@@ -324,15 +330,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--lease-seconds",
         type=_positive,
         default=None,
-        help="replicas (a PostgreSQL --db): how long a replica's lease on a task outlives its "
-        "last renewal, so how soon another replica adopts a dead one's tasks "
-        "(default: $A2A_LEASE_SECONDS or 15)",
+        help="replicas (a PostgreSQL --db, or the orchestrator's --store): how long a "
+        "replica's lease outlives its last renewal, so how soon another replica adopts a "
+        "dead one's work; same as --lease (default: $A2A_LEASE_SECONDS or 15)",
     )
     serve.add_argument(
         "--replica-id",
         default=None,
-        help="replicas: this replica's name in the lease table, made unique per process "
-        "(default: $A2A_REPLICA_ID, else the host name)",
+        help="role replicas: this replica's name in the lease table, made unique per process "
+        "(default: $A2A_REPLICA_ID, else the host name; the orchestrator names its "
+        "replicas by their URL)",
     )
     _sandbox_options(serve)
     _access_options(serve)
