@@ -464,6 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _store_option(resume)
     _sandbox_options(resume)
+
+    # Beside its handler (`commands/send.py`), which imports what it uses when it runs.
+    from .commands.send import add_parser as add_send_parser
+
+    add_send_parser(commands)
     return parser
 
 
