@@ -235,7 +235,9 @@ def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     resume = cli("resume", session, cwd=tmp_path)
     missing = cli("children", "nope", cwd=tmp_path)
     assert session in status.stdout and "3 completed" in status.stdout
-    assert [line.split()[1] for line in children.stdout.splitlines()] == [
+    header, *rows = children.stdout.splitlines()
+    assert header.split() == ["CHILD", "AGENT", "STATUS", "WHERE", "USAGE", "RESULT"]
+    assert [line.split()[1] for line in rows] == [
         "architect",
         "coder",
         "reviewer",

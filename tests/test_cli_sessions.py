@@ -264,10 +264,10 @@ def test_short_ids_status_and_git(tmp_path: Path) -> None:
 
     short = session[:8]  # what the live tree prints
     children = cli("children", short, cwd=tmp_path)
-    child = children.stdout.split()[0]
+    child = children.stdout.splitlines()[1].split()[0]  # under the header
     events = cli("events", short, "--child", child[:6], cwd=tmp_path)
     stop = cli("stop", short, "--server", "http://127.0.0.1:9", cwd=tmp_path)
-    assert children.returncode == 0 and len(children.stdout.splitlines()) == 3
+    assert children.returncode == 0 and len(children.stdout.splitlines()) == 1 + 3
     assert events.returncode == 0 and all(child in line for line in events.stdout.splitlines())
     assert "input:" in events.stdout and "done" in events.stdout
     assert stop.returncode == 0 and "stopped 0" in stop.stdout
