@@ -184,7 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="orchestrator",
         help="with --parent: the parent's role (orchestrator, observer, or your own)",
     )
-    run.add_argument("--session", default=None, help="session id (default: a new one)")
+    run.add_argument(
+        "--session",
+        default=None,
+        help="a new session's id, or an existing session's id or unique prefix, which needs "
+        "--append (default: a new session)",
+    )
+    run.add_argument(
+        "--append",
+        action="store_true",
+        help="with --session: add this run to that existing session (its children and "
+        "events stay; refused without it)",
+    )
     run.add_argument(
         "--review-rounds", type=_count, default=1, help="reviews before giving up (at least 1)"
     )

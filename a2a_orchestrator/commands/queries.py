@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..budgets import Spend
@@ -15,10 +16,10 @@ from ..runner import liveness
 from ..view import describe_event
 from .common import child_id_of, existing_store, runner_name, say, session_id_of
 
-__all__ = ["children", "events", "status"]
+__all__ = ["children", "events", "signal_of", "status"]
 
 
-def _signal_of(metadata: dict[str, Any]) -> str:
+def signal_of(metadata: dict[str, Any]) -> str:
     """What `status` says of a session's outcome: the run's TASK_* signal, else
     `error` (a pipeline that failed), `unfinished` (one that has not ended) or `-`."""
     pipeline = metadata.get(PROGRESS_KEY) or {}
@@ -50,14 +51,14 @@ async def status(args: argparse.Namespace) -> int:
         title = " ".join(session["title"].split())
         title = title if len(title) <= 50 else title[:49] + "…"
         spent = _usage_cell(await store.session_usage(session["id"]))
-        signal = _signal_of(session["metadata"])
+        signal = signal_of(session["metadata"])
         rows.append((session["id"], started, signal, states, spent, ran, title))
     store.close()
     _table(("SESSION", "STARTED", "SIGNAL", "CHILDREN", "USAGE", "RUNNER", "TITLE"), rows)
     return 0
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     """Rows under a header, in columns; the last column is not padded."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
