@@ -56,6 +56,17 @@ def _positive(text: str, must: str = "must be positive") -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    """A finite number of seconds, 0 or more (`demo --pace`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
 def _seconds(text: str) -> float:
     """A positive, finite number of seconds (`--wait`)."""
     return _positive(text, "must be a positive number of seconds")
@@ -159,7 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir",
         type=Path,
         default=None,
-        help="where to put the sample project (a new temp dir)",
+        help="where to put the sample project: a new or empty directory (a directory "
+        "with files is refused) (default: a new temp dir)",
+    )
+    demo.add_argument(
+        "--pace",
+        type=_non_negative,
+        default=None,
+        metavar="SECONDS",
+        help="hold each model turn this long, so the tree can be watched; 0 for none "
+        "(default: 0.8 on a terminal, 0 in a pipe)",
     )
     _sandbox_options(demo)
 

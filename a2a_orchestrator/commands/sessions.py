@@ -54,11 +54,12 @@ __all__ = ["demo", "resume", "run"]
 
 
 async def demo(args: argparse.Namespace) -> int:
-    from ..demo import run_demo
+    from ..demo import TERMINAL_PACE, run_demo
 
     if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
         raise OrchestratorError(f"--workdir {args.workdir} is not a directory")
-    result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args))
+    pace = args.pace if args.pace is not None else TERMINAL_PACE if sys.stdout.isatty() else 0.0
+    result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args), pace=pace)
     return EXIT_CODES[result.signal]
 
 
