@@ -323,3 +323,53 @@ def test_resume_of_a_failed_pipeline_says_what_to_run(tmp_path: Path) -> None:
     assert 'its task can run again as a new session: a2a-orchestrator run "Build it"' in (
         resume.stdout
     )
+
+
+@pytest.mark.anyio
+async def test_resume_of_a_stopped_parent_session_says_how_to_carry_on(tmp_path: Path) -> None:
+    """A parent run's stopped children are not resumed (a stop is for good):
+    `resume` says so and names the run that gives the parent a new turn,
+    which then works."""
+    db = tmp_path / "o.db"
+    store = Store(db)
+    await store.create_session("s1", title="delegate it")
+    await store.add_child(
+        ChildRecord(
+            child_id="c1",
+            session_id="s1",
+            role="coder",
+            status="failed",
+            reason="aborted",
+            transport="local",
+            trace_id="t",
+            created_at=time.time(),
+        )
+    )
+    store.close()
+
+    def resume_then_carry_on() -> tuple[subprocess.CompletedProcess[str], ...]:
+        resume = cli("resume", "s1", "--store", str(db), cwd=tmp_path)
+        hint = resume.stdout.rsplit("a2a-orchestrator ", 1)[1].split()
+        assert hint[:5] == ["run", "--parent", "--session", "s1", "--append"], resume.stdout
+        carry_on = cli(
+            "run",
+            "--parent",
+            "--session",
+            "s1",
+            "--append",
+            "go on",
+            "--store",
+            str(db),
+            cwd=tmp_path,
+        )
+        return resume, carry_on
+
+    with anyio.fail_after(120):
+        resume, carry_on = await anyio.to_thread.run_sync(resume_then_carry_on)
+    assert resume.returncode == 0
+    assert "nothing to resume: every child had finished" in resume.stdout
+    assert "1 of them stopped (aborted)" in resume.stdout
+    # The offline parent skips the task: its signal, TASK_SKIPPED, is the exit code.
+    assert carry_on.returncode == 3, carry_on.stdout + carry_on.stderr
+    inputs = rows(db, "SELECT payload FROM events WHERE kind = 'input' AND child_id IS NULL")
+    assert [json.loads(r["payload"])["text"] for r in inputs] == ["go on"]
