@@ -3,6 +3,7 @@ server, `serve orchestrator`, and a bare a2a-sdk server this file starts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -58,7 +59,21 @@ async def send(
 
 class KeywordExecutor(AgentExecutor):
     """Ends each task as its text says: `reject`, `cancel`, `fail`, `ask`
-    (a question, answered by the next message), else completes echoing it."""
+    (a question, answered by the next message), `later` (the turn returns
+    while the task still works; it completes in the store a moment later, as
+    an agent finishing in the background), else completes echoing it."""
+
+    def __init__(self, task_store: InMemoryTaskStore) -> None:
+        self.task_store = task_store
+        self.background: set[asyncio.Task[None]] = set()
+
+    async def _complete_later(self, task_id: str, context: RequestContext) -> None:
+        await asyncio.sleep(1.5)
+        task = await self.task_store.get(task_id, context.call_context)
+        assert task is not None
+        task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_COMPLETED))
+        task.artifacts.add().parts.append(new_text_part("finished later"))
+        await self.task_store.save(task, context.call_context)
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, context_id = context.task_id or "", context.context_id or ""
@@ -75,6 +90,10 @@ class KeywordExecutor(AgentExecutor):
             await updater.cancel()
         elif text == "fail":
             await updater.failed(updater.new_agent_message([new_text_part("it broke")]))
+        elif text == "later":
+            work = asyncio.get_running_loop().create_task(self._complete_later(task_id, context))
+            self.background.add(work)  # kept: the loop holds tasks weakly
+            work.add_done_callback(self.background.discard)
         elif text == "ask":
             await updater.requires_input(
                 updater.new_agent_message([new_text_part("Which colour?")])
@@ -88,7 +107,7 @@ class KeywordExecutor(AgentExecutor):
 
 
 @asynccontextmanager
-async def bare_server() -> AsyncIterator[str]:
+async def bare_server(*, streaming: bool = True) -> AsyncIterator[str]:
     """A stock a2a-sdk server (no code of this project but the socket helper) on loopback."""
     sock = bind_socket("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -99,13 +118,14 @@ async def bare_server() -> AsyncIterator[str]:
         supported_interfaces=[
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
         ],
-        capabilities=AgentCapabilities(streaming=True),
+        capabilities=AgentCapabilities(streaming=streaming),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
         skills=[AgentSkill(id="echo", name="echo", description="keywords", tags=["test"])],
     )
+    tasks = InMemoryTaskStore()
     handler = DefaultRequestHandler(
-        agent_executor=KeywordExecutor(), task_store=InMemoryTaskStore(), agent_card=card
+        agent_executor=KeywordExecutor(tasks), task_store=tasks, agent_card=card
     )
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
     async with anyio.create_task_group() as tg:
@@ -141,6 +161,18 @@ async def test_send_to_a_bare_sdk_server_exits_by_the_tasks_end() -> None:
     out = ended["ask"][1]
     assert "[bare] asks: Which colour?" in out
     assert "answer it with: a2a-orchestrator send" in out and "--task " in out
+
+
+async def test_a_task_that_outlives_its_answer_is_followed_to_its_end() -> None:
+    # An agent that does not stream: its blocking answer is a task still
+    # working, which `send` then reads back until it ends.
+    with anyio.fail_after(60):
+        async with bare_server(streaming=False) as url:
+            code, out, err = await send(url, "later")
+            plain = await send(url, "hello")
+    assert code == 0, out + err
+    assert "[bare] done:\nfinished later\n" in out
+    assert plain[0] == 0 and "[bare] done:\nyou said hello\n" in plain[1]
 
 
 async def test_a_question_is_answered_from_the_terminal() -> None:

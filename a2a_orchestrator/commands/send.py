@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ..decoding import StreamDecoder
 
-__all__ = ["SEND_EXIT_CODES", "add_parser", "send"]
+__all__ = ["POLL_SECONDS", "SEND_EXIT_CODES", "add_parser", "send"]
 
 SEND_EXIT_CODES = {
     "completed": 0,
@@ -44,6 +44,10 @@ SEND_EXIT_CODES = {
 credential (HTTP 401/403, or the task wants AUTH_REQUIRED); `unreachable`:
 no connection, or no answer in time; `protocol-error`: the agent answered,
 but not with a usable card or task."""
+
+
+POLL_SECONDS = 1.0
+"""How often a task is read back once its stream ended before its turn did."""
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -75,7 +79,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="continue this task: the answer to its question (with --context when the agent "
         "needs it)",
     )
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line, for a program: it never asks (a question ends it, exit 6)",
+    )
     parser.add_argument(
         "--no-input",
         action="store_true",
@@ -144,7 +152,12 @@ async def _follow(
     out: _Output,
     agent: str,
 ) -> None:
-    """Send `request` and print the task's events until its turn ends."""
+    """Send `request` and print the task's events until its turn ends: from
+    the stream, and then, when the stream ended first (an agent that does not
+    stream answers at once with a task still working), from the task itself."""
+    import anyio
+    from a2a.types import GetTaskRequest
+
     from ..transports.client_errors import translated
 
     with translated(decoder.peer):
@@ -153,7 +166,12 @@ async def _follow(
             for event in decoder.decode(response):
                 out.event(agent, event)
             if decoder.finished_turn:
-                break
+                return
+        while decoder.task_id and not decoder.finished_turn:
+            await anyio.sleep(POLL_SECONDS)
+            task = await client.get_task(GetTaskRequest(id=decoder.task_id))
+            for event in decoder.decode_task(task):
+                out.event(agent, event)
 
 
 def _show_child_event(response: StreamResponse, out: _Output) -> None:
