@@ -275,3 +275,44 @@ async def test_send_to_serve_orchestrator_shows_its_children(tmp_path: Path) -> 
         assert f"[{role} " in out, out
     assert "[orchestrator] done:\nTASK_" in out
     assert "completed (exit 0)" in out
+
+
+async def test_on_a_terminal_a_message_streams_as_it_is_written(tmp_path: Path) -> None:
+    text = "one two three four five six seven eight nine ten. TASK_DONE"
+    script = [
+        {
+            "text": "Reading the files first, then the tests.",
+            "tool_calls": [{"name": "list_files", "arguments": {"path": "."}}],
+        },
+        {"text": text},
+    ]
+    with anyio.fail_after(60):
+        async with role_server(tmp_path, script) as server:
+            leader, follower = os.openpty()
+            try:
+                process = await anyio.open_process(
+                    [*CLI, server.url, "look"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=follower,
+                    env={**os.environ, **OFFLINE},
+                )
+                os.close(follower)
+                shown = b""
+                while True:
+                    try:
+                        chunk = await anyio.to_thread.run_sync(os.read, leader, 65536)
+                    except OSError:  # the process closed its end
+                        break
+                    if not chunk:
+                        break
+                    shown += chunk
+                await process.wait()
+            finally:
+                os.close(leader)
+    out = shown.decode().replace("\r\n", "\n")
+    assert process.returncode == 0, out
+    # The whole message, streamed onto one line, not the short form a log gets.
+    assert "[coder] says: Reading the files first, then the tests.\n" in out
+    assert 'says "' not in out
+    assert "[coder] calls list_files ." in out
+    assert f"[coder] done:\n{text}\n" in out

@@ -245,23 +245,42 @@ async def _ask() -> str | None:
 
 
 class _Output:
-    """Lines for a person, or JSON objects for a program (`--json`)."""
+    """Lines for a person, or JSON objects for a program (`--json`). On a
+    terminal an agent's message streams as it is written (its deltas); a log
+    gets it whole, once."""
 
     def __init__(self, *, json_lines: bool) -> None:
         self.json_lines = json_lines
+        self.live = not json_lines and sys.stdout.isatty()
+        self._streaming = False
+        """A message is being streamed onto the current line."""
+
+    def _end_stream(self) -> None:
+        if self._streaming:
+            self._streaming = False
+            print(flush=True)
 
     def write(self, data: dict[str, Any]) -> None:
         print(json.dumps(data), flush=True)
 
     def line(self, text: str) -> None:
+        self._end_stream()
         print(text, flush=True)
 
     def event(self, agent: str, event: Any) -> None:
-        from ..events import Done, InputRequired, event_to_dict
+        from ..events import AssistantMessage, Done, InputRequired, MessageDelta, event_to_dict
         from ..view import describe_event
 
-        if event.kind == "message_delta":
-            return  # the whole message follows
+        if isinstance(event, MessageDelta):
+            if self.live:
+                if not self._streaming:
+                    print(f"[{agent}] says: ", end="")
+                    self._streaming = True
+                print(event.text, end="", flush=True)
+            return  # elsewhere the whole message follows
+        if isinstance(event, AssistantMessage) and self._streaming:
+            self._end_stream()  # shown already, as it was written
+            return
         if self.json_lines:
             self.write({"event": event_to_dict(event)})
         elif isinstance(event, InputRequired):
