@@ -56,6 +56,17 @@ def _positive(text: str, must: str = "must be positive") -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    """A finite number of seconds, 0 or more (`demo --pace`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
 def _seconds(text: str) -> float:
     """A positive, finite number of seconds (`--wait`)."""
     return _positive(text, "must be a positive number of seconds")
@@ -169,7 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir",
         type=Path,
         default=None,
-        help="where to put the sample project (a new temp dir)",
+        help="where to put the sample project: a new or empty directory (a directory "
+        "with files is refused) (default: a new temp dir)",
+    )
+    demo.add_argument(
+        "--pace",
+        type=_non_negative,
+        default=None,
+        metavar="SECONDS",
+        help="hold each model turn this long, so the tree can be watched; 0 for none "
+        "(default: 0.8 on a terminal, 0 in a pipe)",
     )
     _sandbox_options(demo)
 
@@ -194,7 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="orchestrator",
         help="with --parent: the parent's role (orchestrator, observer, or your own)",
     )
-    run.add_argument("--session", default=None, help="session id (default: a new one)")
+    run.add_argument(
+        "--session",
+        default=None,
+        help="a new session's id, or an existing session's id or unique prefix, which needs "
+        "--append (default: a new session)",
+    )
+    run.add_argument(
+        "--append",
+        action="store_true",
+        help="with --session: add this run to that existing session (its children and "
+        "events stay; refused without it)",
+    )
     run.add_argument(
         "--review-rounds", type=_count, default=1, help="reviews before giving up (at least 1)"
     )
@@ -252,19 +283,25 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"environment variable holding the bearer token; auth is on when it is set "
         f"(default: {DEFAULT_TOKEN_ENV})",
     )
-    serve.add_argument("--model", default=None, help="override the role's model name")
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="role servers: override the role's model name (the orchestrator's agents "
+        "each use their own role's model)",
+    )
     serve.add_argument(
         "--models",
         default=None,
-        help="comma-separated model names a caller may choose for its child, besides "
-        "default, mini and the role file's `models` (default: $A2A_MODELS)",
+        help="comma-separated model names a caller (or the orchestrator's parent agent) may "
+        "choose for a child, besides default, mini and the role file's `models` "
+        "(default: $A2A_MODELS)",
     )
     serve.add_argument(
         "--max-memory-mb",
         type=_positive,
         default=None,
-        help="size of the conversations kept in memory; the oldest idle ones are "
-        "rebuilt from the task store (default: $A2A_MAX_MEMORY_MB or 256)",
+        help="role servers: size of the conversations kept in memory; the oldest idle ones "
+        "are rebuilt from the task store (default: $A2A_MAX_MEMORY_MB or 256)",
     )
     serve.add_argument(
         "--body-timeout",
@@ -276,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--store",
         type=_store_location,
-        default=_store_location(os.environ["A2A_STORE"]) if os.environ.get("A2A_STORE") else None,
+        default=None,
         help="orchestrator only: its store, a file (default: .a2a/orchestrator.db under "
         "--workdir) or postgresql://... shared by orchestrator replicas ($A2A_STORE)",
     )
@@ -284,9 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lease",
         type=_seconds,
         default=None,
-        help="orchestrator replicas on PostgreSQL: seconds a session's lease lasts unrenewed, "
-        "so how soon another replica takes over a dead one's sessions "
-        "(default: $A2A_LEASE_SECONDS or 15)",
+        help="replicas on PostgreSQL (a --store for the orchestrator, a --db for a role): "
+        "seconds a lease lasts unrenewed, so how soon another replica takes over a dead "
+        "one's work; same as --lease-seconds (default: $A2A_LEASE_SECONDS or 15)",
     )
     serve.add_argument(
         "--protocol",
@@ -352,15 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--lease-seconds",
         type=_positive,
         default=None,
-        help="replicas (a PostgreSQL --db): how long a replica's lease on a task outlives its "
-        "last renewal, so how soon another replica adopts a dead one's tasks "
-        "(default: $A2A_LEASE_SECONDS or 15)",
+        help="replicas (a PostgreSQL --db, or the orchestrator's --store): how long a "
+        "replica's lease outlives its last renewal, so how soon another replica adopts a "
+        "dead one's work; same as --lease (default: $A2A_LEASE_SECONDS or 15)",
     )
     serve.add_argument(
         "--replica-id",
         default=None,
-        help="replicas: this replica's name in the lease table, made unique per process "
-        "(default: $A2A_REPLICA_ID, else the host name)",
+        help="role replicas: this replica's name in the lease table, made unique per process "
+        "(default: $A2A_REPLICA_ID, else the host name; the orchestrator names its "
+        "replicas by their URL)",
     )
     _sandbox_options(serve)
     _access_options(serve)
@@ -486,6 +524,11 @@ def build_parser() -> argparse.ArgumentParser:
     _input_option(resume)
     _store_option(resume)
     _sandbox_options(resume)
+
+    # Beside its handler (`commands/send.py`), which imports what it uses when it runs.
+    from .commands.send import add_parser as add_send_parser
+
+    add_send_parser(commands)
     return parser
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -59,6 +59,7 @@ from .cards import CardOptions
 from .control import ControlPlane
 from .events import ChildEvent, Done, Failed, InputRequired, MessageDelta, Started
 from .hooks import Hooks
+from .middleware import DEFAULT_BODY_TIMEOUT
 from .models.base import Model, Usage
 from .network import Network
 from .parent import ParentAgent
@@ -328,10 +329,14 @@ class OrchestratorExecutor(AgentExecutor):
         sandbox: Sandbox | None = None,
         policy: SpawnPolicy | None = None,
         push: PushReceiver | None = None,
+        model_names: Collection[str] | None = None,
     ) -> None:
         """`policy`: the spawn policy of every session's children; `push`:
-        where children of agents in push mode receive their updates."""
+        where children of agents in push mode receive their updates;
+        `model_names`: what a parent or pipeline may choose for a child besides
+        `default`, `mini` and the role's `models` (None: `$A2A_MODELS`)."""
         self.store = store
+        self.model_names = model_names
         self.reactions = list(reactions)
         self.network = network
         self.models = models
@@ -521,7 +526,7 @@ class OrchestratorExecutor(AgentExecutor):
             session = record.session
             assert session is not None  # acquire gives an open session
             if record.plane is None:
-                record.plane = ControlPlane(session, hooks=self.hooks)
+                record.plane = ControlPlane(session, hooks=self.hooks, model_names=self.model_names)
             recovered = await session.recover()
             logger.info("took over session %s: %d children recovered", session_id, len(recovered))
         finally:
@@ -579,7 +584,7 @@ class OrchestratorExecutor(AgentExecutor):
         not in this request: a pass's question ends the request with
         INPUT_REQUIRED while the pipeline waits for the answer (`_answer`)."""
         if record.plane is None:
-            record.plane = ControlPlane(session, hooks=self.hooks)
+            record.plane = ControlPlane(session, hooks=self.hooks, model_names=self.model_names)
         self._react(record, record.plane)
         # A new pipeline run does not resume an earlier, interrupted one's
         # passes (`a2a-orchestrator resume` does, when asked).
@@ -696,6 +701,7 @@ class OrchestratorExecutor(AgentExecutor):
                     self.models(self.parent_model),
                     hooks=self.hooks,
                     max_concurrent=self.max_concurrent,
+                    model_names=self.model_names,
                 )
                 record.parent = parent
         record.plane = parent.plane
@@ -754,6 +760,8 @@ async def run_orchestrator_server(
     push_policy: PushPolicy | None = None,
     stream_limits: StreamLimits | None = None,
     lease_seconds: float = LEASE_SECONDS,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    model_names: Collection[str] | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
 
@@ -779,6 +787,10 @@ async def run_orchestrator_server(
     `store_path` may be a PostgreSQL URL (`store_pg.py`): replicas sharing it
     run each session under a lease of `lease_seconds` and take over the
     sessions of a replica that dies (`session_leases.py`).
+
+    `body_timeout`: seconds a client has to send a request body, else 408 (as
+    a role server). `model_names`: the model names a parent may choose for a
+    child besides `default`, `mini` and the role's `models` (None: `$A2A_MODELS`).
     """
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
@@ -804,6 +816,7 @@ async def run_orchestrator_server(
         sandbox=sandbox,
         policy=policy,
         push=receiver,
+        model_names=model_names,
     )
     card_options = card_options or CardOptions()
     card = build_orchestrator_card(
@@ -835,6 +848,7 @@ async def run_orchestrator_server(
         own_credentials={PUSH_PREFIX: receiver.check},
         push_policy=push_policy,
         streams=streams,
+        body_timeout=body_timeout,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py), on the view's

@@ -233,6 +233,8 @@ class Pipeline:
         """What ended a `failed` run."""
         self.artifact_dir = ""
         """Where a `done` run wrote its artifacts, relative to the work directory."""
+        self.stopped = False
+        """A `failed` run ended by a stop (`cancel()`), which `reopen()` continues."""
 
     @classmethod
     async def restore(cls, session: Session) -> Pipeline | None:
@@ -260,7 +262,28 @@ class Pipeline:
         pipeline.signal = record.get("signal")
         pipeline.error = record.get("error", "")
         pipeline.artifact_dir = record.get("artifact_dir", "")
+        pipeline.stopped = bool(record.get("stopped", False))
         return pipeline
+
+    async def reopen(self) -> str | None:
+        """Make a run a stop ended continuable: the pass the stop cut (its
+        child ended aborted) is forgotten, so `run()` starts it anew, and the
+        run is `running` again. Whether the stop came to a live run (which
+        recorded itself stopped) or to a dead one's children (`stop` marked
+        them aborted), the pass it names; None when the run was not stopped
+        (done, failed otherwise, or under way)."""
+        if self.state == "done":
+            return None
+        last = self._steps[-1] if self._steps and "text" not in self._steps[-1] else None
+        record = await self.session.store.get_child(last["child_id"]) if last else None
+        aborted = record is not None and record.status == "failed" and record.reason == "aborted"
+        if not (aborted or (self.state == "failed" and self.stopped)):
+            return None
+        if aborted and last is not None:
+            self._steps.pop()
+        self.state, self.stopped, self.error = "running", False, ""
+        await self._save()
+        return last["pass"] if last is not None else "next"
 
     @property
     def recorded(self) -> list[tuple[str, str, Done | None]]:
@@ -452,7 +475,8 @@ class Pipeline:
         except PipelineError as exc:
             self.state = "failed"
             self.error = str(exc)
-            await self._save(error=self.error)
+            self.stopped = isinstance(exc, PipelineCancelled)
+            await self._save(error=self.error, stopped=self.stopped)
             raise
         self.state = "done"
         self.signal = result.signal

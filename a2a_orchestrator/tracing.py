@@ -29,6 +29,11 @@ Contract:
   provider with a batch processor and the OTLP/HTTP exporter, configured by
   the OTEL_* variables as the SDK reads them, and flushes it when the
   command returns: a server stopped by SIGTERM exports its last spans.
+  An export gives up after `EXPORT_TIMEOUT` seconds unless
+  OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT says otherwise (the SDK's 10 s, with
+  its retries, made a dead collector cost a 1.4 s run 8 s more), and a
+  collector that cannot be reached is said once, in one line (`-v`: each
+  failure as the SDK logs it).
 - a2a-sdk's own spans (queues, dispatchers: about a hundred a delegation)
   are left out unless OTEL_INSTRUMENTATION_A2A_SDK_ENABLED=true; they would
   bury ours, and leaving them out keeps their children's parents intact
@@ -39,6 +44,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping, Sequence
@@ -73,6 +79,15 @@ SCOPE = "a2a_orchestrator"
 SDK_SCOPE = "a2a-python-sdk"
 """The instrumentation scope a2a-sdk's own spans come from."""
 SDK_SPANS = "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED"
+EXPORT_TIMEOUT = 2.0
+"""Seconds an OTLP export may take, retries included, unless the OTEL_*
+variables say: spans are worth a little, never the run's time."""
+_EXPORT_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.sdk._shared_internal",
+)
+"""Where the SDK says an export failed (the exporters, the batch processor)."""
 
 _tracer: Tracer | None = None
 _provider: TracerProvider | None = None
@@ -148,10 +163,11 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
         or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
         or "http/protobuf"
     ).strip()
+    timeout = _export_timeout(environ)
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter()
+        return OTLPSpanExporter(timeout=timeout)
     if protocol == "grpc":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -162,8 +178,52 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc "
                 "installed; or use http/protobuf (the collector's port 4318)"
             ) from None
-        return GrpcSpanExporter()
+        return GrpcSpanExporter(timeout=timeout)
     raise ConfigError(f"OTLP protocol {protocol!r}: use http/protobuf or grpc")
+
+
+def _export_timeout(environ: Mapping[str, str]) -> float | None:
+    """`EXPORT_TIMEOUT`, or None where the operator's variable sets one (the SDK reads it)."""
+    names = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+    return None if any(environ.get(name, "").strip() for name in names) else EXPORT_TIMEOUT
+
+
+class _SaidOnce(logging.Filter):
+    """Export failures as one warning line for the process, naming the
+    endpoint, instead of the SDK's line per retry with urllib3's whole error."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__()
+        self.endpoint = endpoint
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.name = "a2a_orchestrator.tracing"
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg, record.args, record.exc_info = (
+            "spans cannot be exported to %s; they are dropped (said once; -v shows each failure)",
+            (self.endpoint,),
+            None,
+        )
+        return True
+
+
+def _say_export_failures_once(environ: Mapping[str, str]) -> None:
+    if logging.getLogger().isEnabledFor(logging.INFO):
+        return  # -v: every failure, as the SDK says it
+    endpoint = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "the OTLP endpoint"
+    ).strip()
+    once = _SaidOnce(endpoint)
+    for name in _EXPORT_LOGGERS:
+        logging.getLogger(name).addFilter(once)
 
 
 def _provider_class() -> type[TracerProvider]:
@@ -196,6 +256,8 @@ def _install(service: str, environ: Mapping[str, str], exporters: Sequence[str])
     if not named:
         attributes["service.name"] = service
     provider = _provider_class()(resource=Resource.create(attributes))
+    if "otlp" in exporters:
+        _say_export_failures_once(environ)
     for name in exporters:
         # Batched: a span's end costs the traced code a queue append, and
         # OTEL_BSP_SCHEDULE_DELAY (and the other OTEL_BSP_*) tune the batches.

@@ -111,10 +111,14 @@ class LiveTree:
         out: TextIO | None = None,
         expected: list[str] | None = None,
         console: Console | None = None,
+        log_events: bool = False,
     ) -> None:
         """Writes to `out` (default stdout), or to `console` when given (a
-        rich console; tests pass one that acts as a terminal)."""
+        rich console; tests pass one that acts as a terminal). `log_events`:
+        on a terminal too, each event's line (as a log gets it) is printed
+        above the live tree."""
         self.title = title
+        self.log_events = log_events
         self.out = out or sys.stdout
         self._console = console
         self.live = console.is_terminal if console is not None else self.out.isatty()
@@ -173,11 +177,15 @@ class LiveTree:
             row.restarted = isinstance(event, MessageDelta)
         else:
             row.restarted = False
+        line = f"[{row.label} {row.child_id[:6]} {row.transport}] {row.last}{note}"
         if self.live:
+            if self.log_events and not isinstance(event, MessageDelta):
+                # Above the live display, which stays at the bottom.
+                self._rich().print(line, highlight=False, markup=False)
             if self._display is not None:
                 self._display.update(self.tree(), refresh=True)
         else:
-            self.out.write(f"[{row.label} {row.child_id[:6]} {row.transport}] {row.last}{note}\n")
+            self.out.write(line + "\n")
             self.out.flush()
 
     def subtree_tokens(self, child_id: str) -> int:

@@ -235,7 +235,8 @@ def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     resume = cli("resume", session, cwd=tmp_path)
     missing = cli("children", "nope", cwd=tmp_path)
     assert session in status.stdout and "3 completed" in status.stdout
-    *rows, total = children.stdout.splitlines()
+    header, *rows, total = children.stdout.splitlines()
+    assert header.split() == ["CHILD", "AGENT", "STATUS", "WHERE", "USAGE", "RESULT"]
     assert [line.split()[1] for line in rows] == ["architect", "coder", "reviewer"]
     assert total.startswith("session total: ")
     assert "started" in events.stdout and "done" in events.stdout

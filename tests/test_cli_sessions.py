@@ -265,11 +265,11 @@ def test_short_ids_status_and_git(tmp_path: Path) -> None:
 
     short = session[:8]  # what the live tree prints
     children = cli("children", short, cwd=tmp_path)
-    child = children.stdout.split()[0]
+    child = children.stdout.splitlines()[1].split()[0]  # under the header
     events = cli("events", short, "--child", child[:6], cwd=tmp_path)
     stop = cli("stop", short, "--server", "http://127.0.0.1:9", cwd=tmp_path)
-    # Three passes, then the session's total.
-    assert children.returncode == 0 and len(children.stdout.splitlines()) == 4
+    # The header, three passes, then the session's total.
+    assert children.returncode == 0 and len(children.stdout.splitlines()) == 1 + 3 + 1
     assert events.returncode == 0 and all(child in line for line in events.stdout.splitlines())
     assert "input:" in events.stdout and "done" in events.stdout
     assert stop.returncode == 0 and "stopped 0" in stop.stdout
@@ -287,3 +287,28 @@ async def test_a_session_keeps_its_state_directories_out_of_git(tmp_path: Path) 
             pass
     for state in (work / ".a2a", tmp_path / "elsewhere" / ".a2a"):
         assert (state / ".gitignore").read_text() == "*\n"
+
+
+def test_run_session_takes_a_prefix_and_refuses_an_ended_session(tmp_path: Path) -> None:
+    """Issue 25: `run --session PREFIX` made a new session named PREFIX, and a
+    finished session's id silently took a second run."""
+    first = cli("run", "Add a hello module", cwd=tmp_path)
+    assert first.returncode == 3, first.stdout + first.stderr  # offline: TASK_SKIPPED
+    session = re.search(r"session ([0-9a-f]{32})", first.stdout).group(1)  # type: ignore[union-attr]
+    refused = cli("run", "Again", "--session", session[:8], cwd=tmp_path)
+    appended = cli("run", "Again", "--session", session[:8], "--append", cwd=tmp_path)
+    named = cli("run", "Elsewhere", "--session", "my-own-id", cwd=tmp_path)
+    alone = cli("run", "Again", "--append", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert f"session {session} has ended (TASK_SKIPPED)" in refused.stderr
+    assert "--append" in refused.stderr
+    assert appended.returncode == 3 and f"session {session}" in appended.stdout
+    assert named.returncode == 3 and "session my-own-id" in named.stdout
+    assert alone.returncode == 2 and "--append" in alone.stderr
+    with sqlite3.connect(tmp_path / ".a2a" / "orchestrator.db") as db:
+        sessions = sorted(row[0] for row in db.execute("SELECT id FROM sessions"))
+        children = db.execute(
+            "SELECT COUNT(*) FROM children WHERE session_id = ?", (session,)
+        ).fetchone()[0]
+    assert sessions == sorted([session, "my-own-id"])  # no session named by the prefix
+    assert children == 6  # the refused run added none; the appended one its three

@@ -7,7 +7,9 @@ only, fails the suite.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -390,3 +392,80 @@ def test_servers_do_not_read_configuration_from_the_shared_work_volume() -> None
     for name, service in ours.items():
         assert service.get("working_dir") == "/home/a2a", name
         assert "--workdir" in service["command"], name
+
+
+# -- compose itself, with only the token set (issue 25) --------------------------------
+
+COMPOSE_COMMANDS = {"v1": ["docker-compose"], "v2": ["docker", "compose"]}
+
+
+def _compose_command(version: str) -> list[str]:
+    command = COMPOSE_COMMANDS[version]
+    try:
+        found = subprocess.run(
+            [*command, "version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except FileNotFoundError:
+        found = None
+    if found is None or found.returncode != 0:
+        pytest.skip(f"compose {version} ({' '.join(command)}) is not installed here")
+    return command
+
+
+@pytest.mark.parametrize("version", sorted(COMPOSE_COMMANDS))
+def test_compose_config_needs_only_the_token(version: str, tmp_path: Path) -> None:
+    """The README's `A2A_AUTH_TOKEN=... docker compose up`: a variable only a
+    profile that is off needs must not be required (compose v1 failed on the
+    scale profile's password)."""
+    command = _compose_command(version)
+    clean = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+
+    def config(**environ: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, "--file", str(COMPOSE), "config"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env={**clean, **environ},
+        )
+
+    done = config(A2A_AUTH_TOKEN="s3cret")
+    assert done.returncode == 0, done.stderr
+    assert "s3cret" in done.stdout
+    refused = config()
+    assert refused.returncode != 0 and "A2A_AUTH_TOKEN" in refused.stderr
+
+
+def test_no_profile_service_requires_a_variable(compose: dict[str, Any]) -> None:
+    """`${VAR:?}` in a profile's service is required even when the profile is
+    off (compose interpolates every service): a profile's secret is checked
+    when its service starts instead."""
+    required = re.compile(r"\$\{(\w+):\?")
+    for name, service in compose["services"].items():
+        if service.get("profiles"):
+            # The token is required anyway: the default services need it.
+            found = set(required.findall(yaml.safe_dump(service))) - {"A2A_AUTH_TOKEN"}
+            assert not found, (name, found)
+
+
+def test_postgres_refuses_to_start_without_its_password(compose: dict[str, Any]) -> None:
+    entrypoint = compose["services"]["postgres"]["entrypoint"]
+    assert entrypoint[:2] == ["sh", "-c"]
+    # As the container's shell gets it: compose turns `$$` into `$`.
+    script = entrypoint[2].replace("$$", "$")
+    empty = subprocess.run(
+        ["sh", "-c", script], capture_output=True, text=True, timeout=10, env={"PATH": "/bin"}
+    )
+    assert empty.returncode == 1
+    assert "set A2A_POSTGRES_PASSWORD" in empty.stderr
+    given = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"PATH": "/bin", "POSTGRES_PASSWORD": "pw"},
+    )
+    # Past the check: on to the image's own entrypoint (not on this machine).
+    assert "A2A_POSTGRES_PASSWORD" not in given.stderr
+    assert "docker-entrypoint.sh" in given.stderr

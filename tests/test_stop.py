@@ -261,3 +261,115 @@ async def test_a_live_runner_that_does_not_confirm_is_reported_not_recorded(
     assert rows(db, "SELECT status FROM children WHERE child_id = 'c1'")[0]["status"] == "running"
     assert rows(db, "SELECT * FROM events") == []
     assert rows(db, "SELECT stop_request FROM runners")[0]["stop_request"] == ""
+
+
+def _started_command(db: Path) -> Any:
+    try:
+        found = rows(
+            db,
+            "SELECT session_id, child_id FROM events WHERE kind = 'tool_called' "
+            "AND payload LIKE '%run_command%'",
+        )
+    except sqlite3.OperationalError:
+        return None  # the run has not created its store yet
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("runner", ["live", "killed"])
+def test_resume_after_stop_starts_the_stopped_pass_again(runner: str, tmp_path: Path) -> None:
+    """Issue 25: `resume` after `stop` refused ("the pipeline had failed").
+    A stop that reached the live run, and one that found its runner dead and
+    marked the child aborted, both leave a pipeline `resume` continues."""
+    with running_pipeline(tmp_path) as (process, db, work):
+        started = poll(lambda: _started_command(db), 30, "the child to start its command")
+        session, stopped_child = started["session_id"], started["child_id"]
+        if runner == "killed":
+            process.kill()  # a crash: nothing of the run records the stop
+            process.wait(timeout=10)
+        stop = cli("stop", session, "--store", str(db), "--server", NO_SERVER, cwd=work)
+        out, _ = process.communicate(timeout=20)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    if runner == "live":
+        assert f"a2a-orchestrator resume {session[:8]}` continues it" in out
+    # Every pass answers at once now (the slow command is not asked again).
+    quick = tmp_path / "quick.json"
+    quick.write_text(json.dumps([{"text": "Done.\nTASK_DONE"}]))
+    resume = cli(
+        "resume", session[:8], "--store", str(db), cwd=work, env={"A2A_MODEL_SCRIPT": str(quick)}
+    )
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert "the pipeline was stopped; its architect pass starts again" in resume.stdout
+    assert "signal: TASK_DONE" in resume.stdout
+    children = rows(db, "SELECT child_id, role, status, reason FROM children ORDER BY created_at")
+    # The stopped child stays as it ended; a new architect did the pass.
+    assert [(c["role"], c["status"]) for c in children] == [
+        ("architect", "failed"),
+        ("architect", "completed"),
+        ("coder", "completed"),
+        ("reviewer", "completed"),
+    ]
+    assert children[0]["child_id"] == stopped_child and children[0]["reason"] == "aborted"
+
+
+def test_resume_of_a_failed_pipeline_says_what_to_run(tmp_path: Path) -> None:
+    script = tmp_path / "broken.json"
+    script.write_text(json.dumps([{"error": "the endpoint is down"}]))
+    run = cli("run", "Build it", cwd=tmp_path, env={"A2A_MODEL_SCRIPT": str(script)})
+    assert run.returncode == 1, run.stdout + run.stderr
+    session = run.stdout.split("session ", 1)[1].split()[0]
+    resume = cli("resume", session, cwd=tmp_path)
+    assert resume.returncode == 1
+    assert "nothing to resume: the pipeline had failed: architect pass" in resume.stdout
+    assert 'its task can run again as a new session: a2a-orchestrator run "Build it"' in (
+        resume.stdout
+    )
+
+
+@pytest.mark.anyio
+async def test_resume_of_a_stopped_parent_session_says_how_to_carry_on(tmp_path: Path) -> None:
+    """A parent run's stopped children are not resumed (a stop is for good):
+    `resume` says so and names the run that gives the parent a new turn,
+    which then works."""
+    db = tmp_path / "o.db"
+    store = Store(db)
+    await store.create_session("s1", title="delegate it")
+    await store.add_child(
+        ChildRecord(
+            child_id="c1",
+            session_id="s1",
+            role="coder",
+            status="failed",
+            reason="aborted",
+            transport="local",
+            trace_id="t",
+            created_at=time.time(),
+        )
+    )
+    store.close()
+
+    def resume_then_carry_on() -> tuple[subprocess.CompletedProcess[str], ...]:
+        resume = cli("resume", "s1", "--store", str(db), cwd=tmp_path)
+        hint = resume.stdout.rsplit("a2a-orchestrator ", 1)[1].split()
+        assert hint[:5] == ["run", "--parent", "--session", "s1", "--append"], resume.stdout
+        carry_on = cli(
+            "run",
+            "--parent",
+            "--session",
+            "s1",
+            "--append",
+            "go on",
+            "--store",
+            str(db),
+            cwd=tmp_path,
+        )
+        return resume, carry_on
+
+    with anyio.fail_after(120):
+        resume, carry_on = await anyio.to_thread.run_sync(resume_then_carry_on)
+    assert resume.returncode == 0
+    assert "nothing to resume: every child had finished" in resume.stdout
+    assert "1 of them stopped (aborted)" in resume.stdout
+    # The offline parent skips the task: its signal, TASK_SKIPPED, is the exit code.
+    assert carry_on.returncode == 3, carry_on.stdout + carry_on.stderr
+    inputs = rows(db, "SELECT payload FROM events WHERE kind = 'input' AND child_id IS NULL")
+    assert [json.loads(r["payload"])["text"] for r in inputs] == ["go on"]

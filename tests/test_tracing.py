@@ -359,3 +359,30 @@ def test_the_sdk_spans_are_not_made_unless_asked_for(tmp_path: Path) -> None:
     quiet: dict[str, str] = {}
     assert tracing.quiet_sdk_spans(quiet) is False  # a2a-sdk is loaded in this process
     assert quiet == {}
+
+
+def test_a_dead_collector_costs_one_line_and_a_short_timeout(tmp_path: Path) -> None:
+    """Issue 25: a dead OTLP endpoint turned a 1.4 s run into 9.6 s (the
+    SDK's 10 s export timeout, retried) with a long warning per retry."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()  # nothing listens there: every export is refused
+    run = subprocess.run(
+        [*CLI, "run", "Build it"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, **OFFLINE, "OTEL_EXPORTER_OTLP_ENDPOINT": dead},
+    )
+    assert run.returncode in (0, 3), run.stderr
+    assert run.stderr.splitlines() == [
+        f"WARNING a2a_orchestrator.tracing: spans cannot be exported to {dead}; they are "
+        "dropped (said once; -v shows each failure)"
+    ]
+    # The exporter gives up after EXPORT_TIMEOUT, retries included (the
+    # SDK's 10 s with its backoff cost 0.9 + 1.7 + 4 s), unless told otherwise.
+    assert tracing._export_timeout({}) == tracing.EXPORT_TIMEOUT == 2.0
+    # The operator's variable wins: the SDK reads it when given no timeout.
+    assert tracing._export_timeout({"OTEL_EXPORTER_OTLP_TIMEOUT": "30"}) is None

@@ -1,10 +1,12 @@
-"""What each `a2a-orchestrator` command does (the parser lives in `cli.py`).
+"""What each `a2a-orchestrator` command does (the parser lives in `cli.py`,
+but for `send`, whose parser is beside its handler).
 
 common     what the commands share (output, configuration files, stores)
 sessions   run, resume, demo: a session here
 serve      serve (a role server, or the orchestrator) and its options; token
 queries    status, children, events: reading a store
 stop       stop
+send       send (its parser is beside it)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ..runner import stop_signal_listener
 
 # The modules, not their functions: `serve` and `stop` name both, and the
 # package's attributes stay the modules (`commands.serve.access_of`).
-from . import queries, serve, sessions, stop
+from . import queries, send, serve, sessions, stop
 
 __all__ = [
     "ASYNC_COMMANDS",
@@ -63,4 +65,5 @@ ASYNC_COMMANDS = {
     "stop": stop.stop,
     "resume": _stoppable(_configured(sessions.resume)),
     "token": serve.token,
+    "send": send.send,
 }

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 
 from ..budgets import Spend
 from ..events import CHILD_EVENT_KINDS, event_from_dict
@@ -41,12 +42,16 @@ async def status(args: argparse.Namespace) -> int:
         signal = (await outcome_of(store, session)).signal
         rows.append((session["id"], started, signal, states, spent, ran, title))
     store.close()
-    header = ("SESSION", "STARTED", "SIGNAL", "CHILDREN", "USAGE", "RUNNER", "TITLE")
+    _table(("SESSION", "STARTED", "SIGNAL", "CHILDREN", "USAGE", "RUNNER", "TITLE"), rows)
+    return 0
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """Rows under a header, in columns; the last column is not padded."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         say("  ".join([*cells, row[-1]]).rstrip())
-    return 0
 
 
 def _usage_cell(spent: Spend) -> str:
@@ -60,6 +65,7 @@ async def children(args: argparse.Namespace) -> int:
         session_id = await session_id_of(store, args.session, args.store)
         own = await store.child_usage(session_id)
         subtree = await store.subtree_usage(session_id)
+        rows = []
         for record in await store.list_children(session_id=session_id):
             where = record.url or "in-process"
             detail = f" ({record.reason})" if record.reason else ""
@@ -69,10 +75,13 @@ async def children(args: argparse.Namespace) -> int:
             spent = _usage_cell(mine) + (
                 f" (subtree {_usage_cell(below)})" if below != mine else ""
             )
-            say(
-                f"{record.child_id}  {record.agent or record.role:<12} {record.status}"
-                f"{detail:<12} {where}  {spent}  {' '.join(record.result.split())[:60]}"
-            )
+            result = " ".join(record.result.split())[:60]
+            agent = record.agent or record.role
+            rows.append((record.child_id, agent, record.status + detail, where, spent, result))
+        if rows:
+            _table(("CHILD", "AGENT", "STATUS", "WHERE", "USAGE", "RESULT"), rows)
+        else:
+            say("no children")
         # The root parent agent's own calls, and the one sum `status` shows.
         if ROOT_ID in own:
             say(f"parent agent (the session's root): {_usage_cell(own[ROOT_ID])}")

@@ -30,6 +30,8 @@ from .common import (
 )
 
 __all__ = [
+    "ORCHESTRATOR_ONLY",
+    "ROLE_ONLY",
     "access_of",
     "check_secret_files",
     "metrics_of",
@@ -37,6 +39,22 @@ __all__ = [
     "serve",
     "token",
 ]
+
+ROLE_ONLY = {
+    "model": "the orchestrator's agents each use their own role's model "
+    "(a role file's `model`; `default` is $A2A_MODEL_DEFAULT)",
+    "max_memory_mb": "the orchestrator keeps no pool of idle conversations to bound; "
+    "give it to the role servers of the agents it calls",
+    "replica_id": "orchestrator replicas are named by their URL (--public-url)",
+}
+"""`serve` options a role server reads and the orchestrator does not, with
+why: given to `serve orchestrator`, they are refused rather than ignored
+(tests/test_serve_flags.py walks every option against both kinds)."""
+ORCHESTRATOR_ONLY = {
+    "store": "a role server keeps its tasks in --db; the orchestrator's sessions are "
+    "what --store holds",
+}
+"""`serve` options only the orchestrator reads, refused for a role server."""
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -49,6 +67,7 @@ async def serve(args: argparse.Namespace) -> int:
     from ..session import keep_out_of_git
     from ..streams import StreamLimits
 
+    _refuse_foreign_options(args)
     workdir = workdir_of(args.workdir)
     sandbox = sandbox_of(args)
     check_secret_files(secret_files(args), workdir, sandboxed=sandbox.enabled)
@@ -80,10 +99,15 @@ async def serve(args: argparse.Namespace) -> int:
         stream_limits=StreamLimits.from_settings(args.max_streams_per_caller, args.max_streams),
     )
     if args.role == "orchestrator":
+        from ..cli import _store_location
         from ..orchestrator import run_orchestrator_server
 
         db = args.db or str(workdir / ".a2a" / "tasks-orchestrator.db")
-        store_path = args.store or workdir / ".a2a" / "orchestrator.db"
+        from_env = os.environ.get("A2A_STORE")
+        store_path = args.store or (
+            _store_location(from_env) if from_env else workdir / ".a2a" / "orchestrator.db"
+        )
+        limits = _server_limits(args)
         # Hooks, reactions and policy are read beside a store file; a shared
         # (PostgreSQL) store has no directory, so from the work directory's .a2a.
         config_dir = store_path.parent if isinstance(store_path, Path) else workdir / ".a2a"
@@ -99,7 +123,9 @@ async def serve(args: argparse.Namespace) -> int:
             hooks=hooks_of(None, config_dir),
             reactions=reaction_rules(config_dir),
             policy=policy_of(None, config_dir),
-            lease_seconds=args.lease or float(os.environ.get("A2A_LEASE_SECONDS") or 15),
+            lease_seconds=_lease(args) or float(os.environ.get("A2A_LEASE_SECONDS") or 15),
+            body_timeout=limits["body_timeout"],
+            model_names=limits["model_names"],
             **common,
         )
         name = "orchestrator"
@@ -282,7 +308,36 @@ def _replica(args: argparse.Namespace, db: str) -> ReplicaSettings | None:
         return None
     from ..replicas import ReplicaSettings
 
-    return ReplicaSettings.from_env(replica_id=args.replica_id, lease=args.lease_seconds)
+    return ReplicaSettings.from_env(replica_id=args.replica_id, lease=_lease(args))
+
+
+def _lease(args: argparse.Namespace) -> float | None:
+    """--lease and --lease-seconds: one setting under two names (the
+    orchestrator's and a role's, both read by both); None when neither is given."""
+    if args.lease is not None and args.lease_seconds is not None:
+        if args.lease != args.lease_seconds:
+            raise OrchestratorError(
+                f"--lease {args.lease:g} and --lease-seconds {args.lease_seconds:g} name "
+                "the same setting: give one"
+            )
+    return args.lease if args.lease is not None else args.lease_seconds
+
+
+def _refuse_foreign_options(args: argparse.Namespace) -> None:
+    """An option the other kind of server reads is an error here, not ignored;
+    so are two values for the one lease setting."""
+    from ..cli import build_parser
+
+    _lease(args)
+    orchestrator = args.role == "orchestrator"
+    foreign = ROLE_ONLY if orchestrator else ORCHESTRATOR_ONLY
+    kind = "serve orchestrator" if orchestrator else f"serve {args.role} (a role server)"
+    # The options' defaults, as the parser gives them to a bare `serve ROLE`.
+    defaults = vars(build_parser().parse_args(["serve", args.role]))
+    for dest, why in foreign.items():
+        if getattr(args, dest) != defaults[dest]:
+            flag = "--" + dest.replace("_", "-")
+            raise OrchestratorError(f"{kind} does not take {flag}: {why}")
 
 
 def _server_limits(args: argparse.Namespace) -> dict[str, Any]:

@@ -55,11 +55,12 @@ __all__ = ["demo", "resume", "run"]
 
 
 async def demo(args: argparse.Namespace) -> int:
-    from ..demo import run_demo
+    from ..demo import TERMINAL_PACE, run_demo
 
     if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
         raise OrchestratorError(f"--workdir {args.workdir} is not a directory")
-    result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args))
+    pace = args.pace if args.pace is not None else TERMINAL_PACE if sys.stdout.isatty() else 0.0
+    result = await run_demo(args.workdir, out=sys.stdout, sandbox=sandbox_of(args), pace=pace)
     return EXIT_CODES[result.signal]
 
 
@@ -77,6 +78,8 @@ async def run(args: argparse.Namespace) -> int:
     workdir = workdir_of(args.workdir)
     if not args.task.strip():
         raise OrchestratorError("TASK is empty: say what to do")
+    if args.append and args.session is None:
+        raise OrchestratorError("--append adds a run to the session --session names: give both")
     if args.session is not None and not SESSION_ID.fullmatch(args.session):
         raise OrchestratorError(
             f"session id {args.session!r}: use 1-128 letters, digits, '.', '_' or '-'"
@@ -93,12 +96,13 @@ async def run(args: argparse.Namespace) -> int:
     model_notice(settings)
     sandbox = sandbox_of(args)
     store = new_store(args.store)
+    session_id = await _session_to_run(store, args) if args.session is not None else None
     settle()
     async with Session(
         store,
         workdir=workdir,
         models=models,
-        session_id=args.session,
+        session_id=session_id,
         title=args.task,
         sandbox=sandbox,
         policy=policy,
@@ -113,6 +117,34 @@ async def run(args: argparse.Namespace) -> int:
         return await _follow_pipeline(
             session, pipeline, hooks, rules, workdir, ask_person=interactive(args.no_input)
         )
+
+
+def _run_again(row: dict[str, Any]) -> str:
+    """The command that runs a session's task again, as a new session."""
+    title = " ".join(str(row.get("title") or "TASK").split()).replace('"', '\\"')
+    return f'a2a-orchestrator run "{title}"'
+
+
+async def _session_to_run(store: Any, args: argparse.Namespace) -> str:
+    """`run --session`'s session: an existing one by its id or a unique prefix
+    (as every command takes it), else a new one of that id. Adding a run to
+    an existing session is refused unless `--append` asks for it."""
+    from ..outcome import outcome_of
+
+    session_id = await session_id_of(store, args.session, args.store, missing_ok=True)
+    row = await store.get_session(session_id)
+    if row is None or args.append:
+        return session_id
+    signal = (await outcome_of(store, row)).signal
+    if signal in ("unfinished", "-"):
+        raise OrchestratorError(
+            f"session {session_id} exists and has not ended: `a2a-orchestrator resume "
+            f"{session_id[:8]}` continues it; --append adds this run to it anyway"
+        )
+    raise OrchestratorError(
+        f"session {session_id} has ended ({signal}): run without --session for a new "
+        "session, or pass --append to add this run to it"
+    )
 
 
 async def _follow_pipeline(
@@ -163,6 +195,7 @@ async def _follow_pipeline(
         say(f"\npipeline failed: {exc}")
         if session.stop_requested:
             say(STOPPED_LINE)
+            say(f"`a2a-orchestrator resume {session.id[:8]}` continues it from the stopped pass")
         return 1
     finally:
         if reactions is not None:
@@ -258,8 +291,9 @@ async def resume(args: argparse.Namespace) -> int:
     # The work directory `run` recorded, unless told another.
     workdir = workdir_of(args.workdir or Path(metadata.get("workdir", ".")))
     settings, models = settings_and_models()
-    if (metadata.get(PROGRESS_KEY) or {}).get("state") == "running":
-        # A pipeline to continue: its passes' configuration is checked first, as for `run`.
+    if (metadata.get(PROGRESS_KEY) or {}).get("state") in ("running", "failed"):
+        # A pipeline to continue (a stopped one too): its passes' configuration
+        # is checked first, as for `run`.
         check_agents(Network.load(), list(PIPELINE_PASSES), settings)
     hooks = hooks_of(None, workdir / ".a2a")
     policy = policy_of(None, workdir / ".a2a")
@@ -280,8 +314,12 @@ async def resume(args: argparse.Namespace) -> int:
                 say(f"nothing to resume: the pipeline had ended with {pipeline.signal}")
                 say(f"signal: {pipeline.signal}   artifacts: {workdir / pipeline.artifact_dir}")
                 return EXIT_CODES[pipeline.signal]
-            if pipeline.finished:
+            stopped = await pipeline.reopen()
+            if stopped is not None:
+                say(f"the pipeline was stopped; its {stopped} pass starts again")
+            elif pipeline.finished:
                 say(f"nothing to resume: the pipeline had failed: {pipeline.error}")
+                say(f"its task can run again as a new session: {_run_again(row)}")
                 return 1
             say(f"resuming the pipeline of session {session.id}")
             return await _follow_pipeline(
@@ -298,6 +336,16 @@ async def resume(args: argparse.Namespace) -> int:
             handles = await session.recover()
             if not handles:
                 say("nothing to resume: every child had finished")
+                records = await store.list_children(session_id=session.id)
+                aborted = sum(1 for r in records if r.reason == "aborted")
+                if aborted:
+                    # Its parent agent keeps its conversation in the store:
+                    # a new turn of it (`--append`) carries on from there.
+                    say(
+                        f"{aborted} of them stopped (aborted); to carry on, give its parent "
+                        f"a new turn: a2a-orchestrator run --parent --session {session.id[:8]} "
+                        '--append "what to do now"'
+                    )
                 return 0
             outcomes = await tree.follow_while(relay, session.wait_all())
         if not tree.live:
