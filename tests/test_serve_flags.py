@@ -28,7 +28,8 @@ BOTH = {
     "models", "body_timeout", "lease", "lease_seconds", "protocol", "card_key",
     "card_key_id", "push_allow", "push_max_per_task", "push_max_per_owner",
     "no_sandbox", "allow_network", "callers", "jwt_issuer", "jwt_audience",
-    "jwt_jwks_url", "jwt_leeway", "metrics_public", "no_metrics",
+    "jwt_jwks_url", "jwt_leeway", "metrics_public", "no_metrics", "max_streams",
+    "max_streams_per_caller",
 }  # fmt: skip
 
 
