@@ -18,7 +18,8 @@ a 0.3 server's InvalidParams and its TaskNotFound for a task whose queue is
 gone) and those that mean "gone" (TaskNotFound or HTTP 404 from GetTask, a
 peer that deletes finished tasks) come from `RefusingPeer`, a real A2A peer
 written here that answers as those servers do: the suite installs neither
-a2a-sdk 0.3 nor such a peer.
+a2a-sdk 0.3 nor such a peer. A child in push mode on a peer without push
+notifications streams, and is followed the same way (the last test).
 """
 
 from __future__ import annotations
@@ -38,21 +39,24 @@ import pytest
 from a2a.types import GetTaskRequest, TaskState
 from conftest import a2a_client, role_server
 from crash_parent import local_script, network
+from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from test_recovery import wait_for
 from test_remote_deadlines import CARD_PATH, serving
 
 from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.models.base import ChatMessage
 from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.server import agent_card
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 from a2a_orchestrator.transports import RemoteDelegate
+from a2a_orchestrator.transports.push_receiver import PushReceiver, PushRun
 
 pytestmark = pytest.mark.anyio
 
@@ -259,3 +263,213 @@ async def test_a_task_that_finishes_during_recovery_completes(tmp_path: Path) ->
     assert (result.usage.input_tokens, result.usage.output_tokens) == (300, 30)
     assert after is not None and after.status == "completed" and after.result == "remote done"
     assert_delivered_once(events, workdir)
+
+
+# -- what other peers answer: "finished" or "gone" ------------------------------
+
+CARD_0_3 = {
+    "capabilities": {"streaming": True},
+    "defaultInputModes": ["text/plain"],
+    "defaultOutputModes": ["text/plain"],
+    "description": "Refuses to be followed.",
+    "name": "refusing",
+    "preferredTransport": "JSONRPC",
+    "protocolVersion": "0.3.0",
+    "skills": [{"description": "Works", "id": "work", "name": "work", "tags": ["work"]}],
+    "version": "1.0.0",
+}
+METHODS = {
+    "1.0": ("SendStreamingMessage", "GetTask", "SubscribeToTask"),
+    "0.3": ("message/stream", "tasks/get", "tasks/resubscribe"),
+}
+ANSWER = "finished while refused"
+
+
+@dataclass
+class RefusingPeer:
+    """A real A2A peer (Starlette on uvicorn) standing for a server we do not
+    install (a2a-sdk 0.3, a peer that deletes finished tasks; see the module
+    docstring). Its stream gives the task WORKING and ends without a
+    terminal frame (a broken stream: the child re-attaches). GetTask reads
+    it WORKING; the subscription is refused with `refusal` (a JSON-RPC error
+    object, or an HTTP status), the task finishing meanwhile; from then on
+    GetTask answers `after`: "completed" (the task, with its answer as an
+    artifact), "working" (still), "not-found" (TaskNotFound), or "http-404"."""
+
+    refusal: dict[str, Any] | int
+    after: str
+    dialect: str = "1.0"
+    url: str = ""
+    refused: bool = False
+    calls: dict[str, int] = field(default_factory=dict)
+    message: dict[str, Any] = field(default_factory=dict)
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route(CARD_PATH, self.card, methods=["GET"]),
+                Route("/", self.rpc, methods=["POST"]),
+            ]
+        )
+
+    async def card(self, request: Request) -> Response:
+        if self.dialect == "0.3":
+            return JSONResponse({**CARD_0_3, "url": self.url})
+        card = agent_card(name="refusing", description="refuses", url=self.url, skills=[])
+        return JSONResponse(MessageToDict(card))
+
+    async def rpc(self, request: Request) -> Response:
+        body = await request.json()
+        method, rpc_id = body["method"], body["id"]
+        self.calls[method] = self.calls.get(method, 0) + 1
+        send, get, subscribe = METHODS[self.dialect]
+        if method == send:
+            self.message = body["params"]["message"]
+            frame = self._task("working")
+            if self.dialect == "1.0":
+                frame = {"task": frame}
+            return StreamingResponse(iter([_sse(frame, rpc_id)]), media_type="text/event-stream")
+        if method == subscribe:
+            self.refused = True
+            if isinstance(self.refusal, int):
+                return JSONResponse({"error": "no such task"}, status_code=self.refusal)
+            error = {"jsonrpc": "2.0", "id": rpc_id, "error": self.refusal}
+            if self.dialect == "0.3":
+                # A 0.3 server raises inside its event stream: an SSE event.
+                data = f"data: {json.dumps(error)}\n\n"
+                return StreamingResponse(iter([data]), media_type="text/event-stream")
+            return JSONResponse(error)
+        if method == get:
+            state = self.after if self.refused else "working"
+            if state == "http-404":
+                return JSONResponse({"error": "no such task"}, status_code=404)
+            if state == "not-found":
+                error = {"code": -32001, "message": "Task not found"}
+                return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": error})
+            return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": self._task(state)})
+        error = {"code": -32601, "message": f"no method {method}"}
+        return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": error})
+
+    def _task(self, state: str) -> dict[str, Any]:
+        context = self.message.get("contextId", "ctx")
+        if self.dialect == "0.3":
+            task: dict[str, Any] = {
+                "kind": "task",
+                "id": "t1",
+                "contextId": context,
+                "status": {"state": state},
+                "history": [self.message],
+            }
+            if state == "completed":
+                task["artifacts"] = [
+                    {"artifactId": "a1", "parts": [{"kind": "text", "text": ANSWER}]}
+                ]
+            return task
+        task = {
+            "id": "t1",
+            "contextId": context,
+            "status": {"state": f"TASK_STATE_{state.upper()}"},
+            "history": [self.message],
+        }
+        if state == "completed":
+            task["artifacts"] = [{"artifactId": "a1", "parts": [{"text": ANSWER}]}]
+        return task
+
+
+def _sse(result: Any, rpc_id: Any) -> str:
+    return f"data: {json.dumps({'jsonrpc': '2.0', 'id': rpc_id, 'result': result})}\n\n"
+
+
+FINISHED = {
+    "1.x: is in terminal state": (
+        "1.0",
+        {"code": -32004, "message": "Task t1 is in terminal state: TASK_STATE_COMPLETED"},
+    ),
+    "1.x: is already completed": (
+        "1.0",
+        {"code": -32004, "message": "Task t1 is already completed."},
+    ),
+    "0.3: is in terminal state": (
+        "0.3",
+        {"code": -32602, "message": "Task t1 is in terminal state: completed"},
+    ),
+    # A 0.3 server whose task's queue is gone (it finished since the read).
+    "0.3: task not found": ("0.3", {"code": -32001, "message": "Task not found"}),
+}
+
+
+async def _delegate_to(
+    peer: RefusingPeer, tmp_path: Path, *, push: bool = False
+) -> tuple[Any, Any, list[Any]]:
+    """One child on `peer`, to its end; `push`: the agent is in push mode
+    (a webhook endpoint serves nowhere: a peer without push never posts)."""
+    store = Store(tmp_path / "o.db")
+    receiver = PushReceiver(store, "http://127.0.0.1:9") if push else None
+    with anyio.fail_after(30):
+        async with serving(peer.app()) as url:
+            peer.url = url
+            network = Network.of(AgentSpec(name="peer", role="coder", url=url, push=push))
+            async with (
+                RemoteDelegate(idle_probe=IDLE_PROBE, lost_after=5.0, push=receiver) as remote,
+                Session(store, workdir=tmp_path, network=network, remote=remote) as session,
+            ):
+                handle = await session.spawn(ChildConfig(role="peer", prompt="work"), child_id="c1")
+                assert isinstance(handle.run, PushRun) == push
+                result = await handle.result()
+    record = await store.get_child("c1")
+    events = await store.events(session.id, child_id="c1")
+    store.close()
+    return result, record, events
+
+
+@pytest.mark.parametrize("answer", list(FINISHED))
+async def test_a_follow_refused_as_finished_ends_the_child_from_the_task(
+    answer: str, tmp_path: Path
+) -> None:
+    dialect, refusal = FINISHED[answer]
+    peer = RefusingPeer(refusal, after="completed", dialect=dialect)
+    result, record, events = await _delegate_to(peer, tmp_path)
+    assert isinstance(result, Done) and result.text == ANSWER, result
+    assert record is not None and record.status == "completed" and record.result == ANSWER
+    assert [e.kind for e in events].count("done") == 1
+    _, get, subscribe = METHODS[dialect]
+    assert peer.calls[subscribe] == 1 and peer.calls[get] == 2, peer.calls
+
+
+GONE = {
+    # A peer that deletes finished tasks: its answer cannot be read back.
+    "TaskNotFound": ({"code": -32001, "message": "Task not found"}, "not-found", "Task not found"),
+    "HTTP 404": (404, "http-404", "HTTP 404"),
+    # Refused as finished, yet read as running: the agent contradicts itself.
+    "finished, yet working": (
+        {"code": -32004, "message": "Task t1 is in terminal state: TASK_STATE_COMPLETED"},
+        "working",
+        "refused to follow the task as finished",
+    ),
+}
+
+
+@pytest.mark.parametrize("answer", list(GONE))
+async def test_a_task_gone_after_a_refused_follow_is_lost(answer: str, tmp_path: Path) -> None:
+    refusal, after, words = GONE[answer]
+    peer = RefusingPeer(refusal, after=after)
+    result, record, events = await _delegate_to(peer, tmp_path)
+    assert isinstance(result, Failed) and result.reason == "lost", result
+    assert words in result.message, result.message
+    assert record is not None and record.status == "failed" and record.reason == "lost"
+    assert [e.kind for e in events].count("failed") == 1
+    assert peer.calls["SubscribeToTask"] == 1 and peer.calls["GetTask"] == 2, peer.calls
+
+
+async def test_push_modes_fallback_to_a_stream_ends_from_the_finished_task(
+    tmp_path: Path,
+) -> None:
+    # A 0.3 peer whose card offers no push notifications: the child in push
+    # mode streams, and re-attaches by subscribing, as any streaming child.
+    dialect, refusal = FINISHED["0.3: is in terminal state"]
+    peer = RefusingPeer(refusal, after="completed", dialect=dialect)
+    result, record, events = await _delegate_to(peer, tmp_path, push=True)
+    assert isinstance(result, Done) and result.text == ANSWER, result
+    assert record is not None and record.status == "completed" and record.result == ANSWER
+    assert [e.kind for e in events].count("done") == 1
+    assert peer.calls["tasks/resubscribe"] == 1 and peer.calls["tasks/get"] == 2, peer.calls
