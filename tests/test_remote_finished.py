@@ -440,6 +440,13 @@ GONE = {
     # A peer that deletes finished tasks: its answer cannot be read back.
     "TaskNotFound": ({"code": -32001, "message": "Task not found"}, "not-found", "Task not found"),
     "HTTP 404": (404, "http-404", "HTTP 404"),
+    # Refused (the queue of a task nobody runs any more, after a restart) and
+    # read as running: nothing will finish it.
+    "refused, still working": (
+        {"code": -32001, "message": "Task not found"},
+        "working",
+        "(GetTask reads it TASK_STATE_WORKING)",
+    ),
     # Refused as finished, yet read as running: the agent contradicts itself.
     "finished, yet working": (
         {"code": -32004, "message": "Task t1 is in terminal state: TASK_STATE_COMPLETED"},
