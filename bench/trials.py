@@ -1,6 +1,7 @@
 """Randomized SIGKILL trials: side effects at most once, nothing lost, nothing left over.
 
-    python bench/trials.py [--trials 100] [--seed N] [--no-sandbox] [--races 3000] [--quick]
+    python bench/trials.py [--trials 100] [--seed N] [--kind orchestrator|role-server]
+                           [--no-sandbox] [--races 3000] [--quick]
 
 Each trial kills one process with SIGKILL at a random moment (before, during
 or after a child's shell command) and recovers the way a user would:
@@ -313,11 +314,20 @@ async def role_server_trial(work: Path, delay: float, no_sandbox: bool) -> Count
     return outcome
 
 
-async def run_trials(count: int, seed: int, no_sandbox: bool) -> Counter[str]:
+KINDS = ("orchestrator", "role-server")
+
+
+async def run_trials(
+    count: int, seed: int, no_sandbox: bool, kinds: Sequence[str] = KINDS
+) -> Counter[str]:
     rng = random.Random(seed)
     totals: Counter[str] = Counter()
     for index in range(count):
-        kind = rng.choice(["orchestrator", "role-server"])
+        kind = rng.choice(list(KINDS))
+        if kind not in kinds:
+            # Drawn as in a run of both kinds (a seed gives the same kill
+            # moments), played as the kind asked for.
+            kind = kinds[0]
         # From before the command starts to after it ended (it sleeps 1 s).
         delay = rng.uniform(0.0, 1.6)
         with tempfile.TemporaryDirectory() as tmp:
@@ -335,6 +345,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kind", choices=KINDS, help="only trials of this kind (default: both)")
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--races", type=int, default=0, help="confinement races per tool")
     parser.add_argument(
@@ -348,7 +359,8 @@ def main() -> None:
         return
     if args.quick:
         args.trials, args.seed = 2, 2
-    totals = anyio.run(run_trials, args.trials, args.seed, args.no_sandbox)
+    kinds = (args.kind,) if args.kind else KINDS
+    totals = anyio.run(run_trials, args.trials, args.seed, args.no_sandbox, kinds)
     escaped = 0
     if args.races:
         races = subprocess.run(
