@@ -1,6 +1,7 @@
 """The one boundary where httpx, gRPC and a2a client errors become
 `DelegationError`s (`translate_error`), with the cause kept: the remote
-transport's calls run inside `translated(url)`."""
+transport's calls run inside `translated(url)`; `says_finished` reads which
+of them mean the task is over rather than gone."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from a2a.utils.errors import A2AError
 from ..errors import AgentUnavailableError, DelegationError, DelegationTimeoutError, ProtocolError
 from .grpc_channels import grpc_error, is_grpc_error
 
-__all__ = ["translate_error", "translated"]
+__all__ = ["says_finished", "translate_error", "translated"]
 
 
 def translate_error(exc: BaseException, url: str) -> DelegationError:
@@ -56,3 +57,34 @@ def translated(url: str) -> Iterator[None]:
         yield
     except _TRANSLATED as exc:
         raise translate_error(exc, url) from exc
+
+
+# What peers answer a follow (SubscribeToTask, tasks/resubscribe) of a task
+# that is over, as a2a-sdk's servers word it:
+# - 1.x, UnsupportedOperationError: "Task ID is in terminal state:
+#   TASK_STATE_COMPLETED" (both request handlers; also ActiveTask.start when
+#   the task finished between the handler's read and its tap);
+# - 1.x, UnsupportedOperationError: "Task ID is already completed." (the
+#   task's ActiveTask finished but is not cleaned up yet, whatever the end);
+# - 0.3, InvalidParamsError: "Task ID is in terminal state: completed".
+_FINISHED_WORDS = ("is in terminal state", "is already completed")
+
+
+def says_finished(exc: DelegationError) -> bool:
+    """The agent refused a call because the task is over: the task is there
+    to be read (GetTask), with its result, artifacts and usage.
+
+    A cue, not the answer: the caller reads the task, and its state decides.
+    Answers that mean "gone" are not cues: TaskNotFoundError, or HTTP 404 (a
+    REST peer that deletes finished tasks answers so after completion, as it
+    does for a task it never had): nothing is left to read, so the result
+    cannot be known and the child is lost, not done. A 0.3 server also
+    answers tasks/resubscribe with TaskNotFoundError when the task's queue
+    is gone, which happens when it finished (or the server restarted) since
+    the read; the caller's read tells those apart, since it reads the task
+    again after any refused follow, cue or not.
+    """
+    cause = exc.__cause__
+    return isinstance(cause, A2AError | A2AClientError) and any(
+        words in str(cause) for words in _FINISHED_WORDS
+    )

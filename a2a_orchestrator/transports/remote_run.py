@@ -11,7 +11,9 @@ Contract of a turn (`RemoteRun.turn`), so no child is left `running`:
   answers with that task, never a second one).
 - A broken stream, or one that ends without a terminal frame, is re-attached
   (GetTask, then SubscribeToTask while the task still works); the task's
-  history fills in what the break missed.
+  history fills in what the break missed. A task that finishes between the
+  two is refused a subscription ("is in terminal state"): it is read again
+  and the turn ends from it, as after any refused follow (`_reattach`).
 - A stream silent for `idle_probe` seconds is probed with GetTask: a task
   that is done ends the turn from the answer, a working one (a long command
   sends no frames) is waited for.
@@ -88,7 +90,7 @@ from ..wire import (
     note_once,
     pause_rules_to_wire,
 )
-from .client_errors import translated
+from .client_errors import says_finished, translated
 
 __all__ = ["AgentClients", "RemoteRun"]
 
@@ -516,33 +518,68 @@ class RemoteRun:
             return True
 
     async def _reattach(self, emit: Emit) -> None:
-        """Follow the task until its turn ends, or give it up as lost."""
+        """Follow the task until its turn ends, or give it up as lost.
+
+        The task is read (GetTask), then followed while its turn runs. A
+        follow refused (a task that finished since the read is refused with
+        "is in terminal state", `says_finished`), or whose stream ends in an
+        error, is a cue to read the task again: a turn that is over ends from
+        that read (its result, artifacts and usage, each event once: the
+        decoder skips what it gave); one still running is lost. A task the
+        agent no longer has (GetTask refused) is lost: gone, not finished.
+        """
+        refused: ProtocolError | None = None
         while True:
             try:
                 with translated(self.url):
                     task = await self.client.get_task(
                         GetTaskRequest(id=self.task_id), context=self._call()
                     )
-                    self._heard()
-                    for event in self.decoder.decode_task(task):
-                        await emit(event)
-                    if self.decoder.finished_turn or self._ended:
+            except (AgentUnavailableError, DelegationTimeoutError) as exc:
+                if await self._unreachable(exc, emit):
+                    return
+                await anyio.sleep(self.delegate.retry_interval)
+                continue
+            except ProtocolError as exc:
+                await emit(Failed(reason="lost", message=f"lost the task on {self.url}: {exc}"))
+                return
+            self._heard()
+            for event in self.decoder.decode_task(task):
+                await emit(event)
+            if self.decoder.finished_turn or self._ended:
+                return
+            if refused is not None:
+                await emit(Failed(reason="lost", message=self._refusal(refused, task)))
+                return
+            if not self._can_follow():
+                # An agent that cannot stream is asked again after the retry
+                # interval, until the turn is over.
+                note_once(self.url, "no streaming: the task is polled with GetTask")
+                await anyio.sleep(self.delegate.retry_interval)
+                continue
+            try:
+                with translated(self.url):
+                    if await self._relay(self._follow(), emit) or self._ended:
                         return
-                    if self._can_follow():
-                        if await self._relay(self._follow(), emit) or self._ended:
-                            return
-                    else:
-                        # An agent that cannot stream is asked again after
-                        # the retry interval, until the turn is over.
-                        note_once(self.url, "no streaming: the task is polled with GetTask")
-                # The subscription ended without a terminal frame: look again.
             except (AgentUnavailableError, DelegationTimeoutError) as exc:
                 if await self._unreachable(exc, emit):
                     return
             except ProtocolError as exc:
-                await emit(Failed(reason="lost", message=f"lost the task on {self.url}: {exc}"))
-                return
+                logger.info("following the task on %s: %s; reading it again", self.url, exc)
+                refused = exc
+                continue  # read at once: a finished task's answer is there
+            # The subscription ended without a terminal frame: look again.
             await anyio.sleep(self.delegate.retry_interval)
+
+    def _refusal(self, refused: ProtocolError, task: Task) -> str:
+        """Why a task whose follow was refused, and which still runs, is lost."""
+        state = TaskState.Name(task.status.state)
+        if says_finished(refused):
+            return (
+                f"lost the task on {self.url}: it refused to follow the task as finished "
+                f"({refused}), yet GetTask reads it {state}"
+            )
+        return f"lost the task on {self.url}: {refused} (GetTask reads it {state})"
 
     async def _time_out(self, emit: Emit) -> None:
         """The turn passed its deadline: cancel the task (best effort), fail `timeout`."""
