@@ -1,6 +1,6 @@
-"""The README's examples run: every fenced ```python, ```toml and
-```markdown block is executed or loaded here, so the README cannot drift
-from the code.
+"""The README's and docs/' examples run: every fenced ```python, ```toml
+and ```markdown block of README.md and docs/*.md is executed or loaded
+here, so the guide cannot drift from the code.
 
 - Python blocks run as real scripts in a subprocess, against real servers
   on 127.0.0.1 (`serve` processes) with the scripted offline model (no
@@ -40,7 +40,14 @@ from a2a_orchestrator.reactions import load_reactions
 from a2a_orchestrator.roles import find_role
 from a2a_orchestrator.tools import Sandbox, Workspace
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+"""The guide: the README and the pages it sends readers on to."""
+
+
+def guide_text() -> str:
+    return "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 OFFLINE = {
     "A2A_MODEL_BASE_URL": "",
@@ -53,7 +60,7 @@ ORCHESTRATOR_URL = "http://127.0.0.1:9100"
 
 
 def blocks(language: str) -> list[str]:
-    text = README.read_text(encoding="utf-8")
+    text = guide_text()
     return [
         match.group(2)
         for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)
@@ -85,13 +92,17 @@ TOML = {
     "prices": '[models."gpt-4o"]',
     "signed card": "require_signature = true",
 }
-MARKDOWN = {"role": "name: coder", "model limits": "model_timeout:"}
+MARKDOWN = {
+    "role": "name: coder",
+    "model limits": "model_timeout:",
+    "first-hour role": "You are a test-first coder",
+}
 
 
 def test_every_block_is_tested() -> None:
     for language, known in (("python", PYTHON), ("toml", TOML), ("markdown", MARKDOWN)):
         found = blocks(language)
-        assert found, f"no ```{language} block in the README"
+        assert found, f"no ```{language} block in the README or docs/"
         for block in found:
             covered = [name for name, marker in known.items() if marker in block]
             assert len(covered) == 1, f"a ```{language} block no test covers:\n{block}"
@@ -200,7 +211,7 @@ def test_the_budgets_example_prints_its_usage_report(tmp_path: Path) -> None:
     out = run_example(code, tmp_path)
     # The report the README shows, token for token (only wall time varies,
     # and it is not printed).
-    shown = README.read_text(encoding="utf-8").split("Its output:", 1)[1]
+    shown = guide_text().split("Its output:", 1)[1]
     expected = shown.split("```\n", 2)[1].split("```", 1)[0]
     assert out == expected
     stored = subprocess.run(
@@ -396,3 +407,48 @@ def test_the_model_limits_role_example_loads(tmp_path: Path) -> None:
         1,
     )
     assert role.prompt.startswith("You are the architect")
+
+
+def test_the_first_hour_role_loads_from_a2a_roles(tmp_path: Path) -> None:
+    # docs/first-hour.md keeps it in .a2a/roles/, where commands cannot write.
+    roles = tmp_path / ".a2a" / "roles"
+    roles.mkdir(parents=True)
+    (roles / "tdd.md").write_text(one_block("markdown", MARKDOWN["first-hour role"]))
+    role = find_role("tdd", cwd=tmp_path)
+    assert role.source and Path(role.source).parent == roles
+    assert (role.name, role.model, role.max_turns) == ("tdd", "default", 20)
+    assert "run_command" in role.tools and "ask_parent" not in role.tools
+    conversation = role_conversation(
+        role, ScriptedModel([{"text": "ok"}]), Workspace(tmp_path), sandbox=Sandbox.from_env()
+    )
+    assert conversation is not None
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings (outside code blocks)."""
+    anchors, fenced = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (heading := re.match(r"^#{1,6} (.*)$", line)):
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_every_link_of_the_guide_resolves() -> None:
+    """The guide is split over pages: a link to a moved section, a missing
+    file or a wrong anchor fails here, not in a reader's browser."""
+    broken = []
+    for page in PAGES:
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
