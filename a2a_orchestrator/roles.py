@@ -248,11 +248,14 @@ def list_roles(
 
 def read_roles(
     cwd: str | os.PathLike[str] | None = None, home: str | os.PathLike[str] | None = None
-) -> None:
+) -> list[Role]:
     """Take this project's snapshot now, if no lookup has: the commands that
     run models call it at start, before any model runs (`commands`). A
-    broken file is refused when its role is asked for, as always."""
-    _snapshot(cwd, home)
+    broken file is refused when its role is asked for, as always.
+
+    Returns the snapshot's good roles (the commands read their model
+    scripts at start too: `models.config.read_scripts`)."""
+    return [found for found in _snapshot(cwd, home).values() if isinstance(found, Role)]
 
 
 def reload_roles() -> None:
