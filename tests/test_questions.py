@@ -32,7 +32,7 @@ from conftest import a2a_client
 from test_cli import serve_process
 from test_server import collect, user_message
 
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.pipeline import Brief, Pipeline, TaskSpec
@@ -539,3 +539,32 @@ async def test_a_browser_answers_a_question_that_arrives_while_the_page_is_open(
                 tg.cancel_scope.cancel()
     assert responses[-1].status_update.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
     assert architect_inputs(root, context_id)[1:] == ["French, please"]
+
+
+@pytest.mark.anyio
+async def test_stopping_the_session_while_a_pass_asks_ends_its_run(tmp_path: Path) -> None:
+    """The web view's stop (the control API) ends the asking pass: its
+    question goes, and the run ends failed instead of waiting for an answer
+    that a stopped pass could never take."""
+    root = project(tmp_path)
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with anyio.fail_after(90):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                first, _ = await collect(client, user_message("Add a hello module"))
+                task_id, context_id, _data = _asked(first)
+                async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
+                    stopped = await http.post(f"/api/sessions/{context_id}/subagents/stop")
+                    with anyio.move_on_after(10) as waited:
+                        while True:
+                            page = await http.get(f"/ui/sessions/{context_id}")
+                            if 'class="question"' not in page.text:
+                                break
+                            await anyio.sleep(0.1)
+                follow = user_message("French, please", task_id=task_id, context_id=context_id)
+                second, events = await collect(client, follow)
+    assert stopped.json() == {"stopped": 1}
+    assert not waited.cancel_called, "the stopped pass's question still waits for an answer"
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
+    assert isinstance(events[-1], Failed) and "architect pass: aborted" in events[-1].message
