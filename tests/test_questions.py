@@ -35,6 +35,7 @@ from test_server import collect, user_message
 from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.orchestrator import MODE_KEY
 from a2a_orchestrator.pipeline import Brief, Pipeline, TaskSpec
 from a2a_orchestrator.questions import NO_ANSWER, Questions
 from a2a_orchestrator.records import RecordKind
@@ -568,3 +569,43 @@ async def test_stopping_the_session_while_a_pass_asks_ends_its_run(tmp_path: Pat
     assert not waited.cancel_called, "the stopped pass's question still waits for an answer"
     assert second[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
     assert isinstance(events[-1], Failed) and "architect pass: aborted" in events[-1].message
+
+
+@pytest.mark.anyio
+async def test_a_parent_agents_question_over_a2a_is_answered_by_the_next_message(
+    tmp_path: Path,
+) -> None:
+    """Delegate mode: the parent agent at the root asks; the task goes
+    INPUT_REQUIRED and a stock client's next message (no metadata of ours)
+    is its answer, in the parent's own conversation."""
+    root = tmp_path / "project"
+    (root / "roles").mkdir(parents=True)
+    (root / "roles" / "orchestrator.md").write_text(
+        "---\nname: orchestrator\ndescription: a parent that asks\nmodel: default\n"
+        "tools: [agent, ask_parent]\nmax_turns: 4\ntimeout: 60\n---\nYou delegate.\n"
+    )
+    script = tmp_path / "parent.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "ask_parent", "arguments": {"question": QUESTION}}]},
+                {"text": "Went on in French.\nTASK_DONE"},
+            ]
+        )
+    )
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN, "A2A_MODEL_SCRIPT": str(script)}
+    with anyio.fail_after(90):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                request = user_message("Add a hello module")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                first, _ = await collect(client, request)
+                asked = first[-1].status_update
+                answer = user_message(
+                    "French, please", task_id=asked.task_id, context_id=asked.context_id
+                )
+                second, events = await collect(client, answer)
+    assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert get_message_text(asked.status.message) == QUESTION
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert isinstance(events[-1], Done) and events[-1].text == "Went on in French.\nTASK_DONE"
