@@ -230,6 +230,17 @@ def test_a_question_on_a_terminal_is_answered_by_the_person(tmp_path: Path) -> N
     assert architect_inputs(root, session)[1:] == ["French, please"]
 
 
+def test_end_of_input_at_the_prompt_is_no_answer(tmp_path: Path) -> None:
+    # Ctrl-D at the start of the line: the read sees the end of input.
+    root = project(tmp_path)
+    output, code = on_terminal(root, ["run", "Add a hello module"], answer="\x04")
+    assert code == 0, output
+    assert "(no answer: the agent goes on with its own assumption)" in output
+    assert "signal: TASK_DONE" in output
+    session = re.search(r"session ([0-9a-f]{32})", output).group(1)  # type: ignore[union-attr]
+    assert architect_inputs(root, session)[1:] == [NO_ANSWER]
+
+
 def on_terminal(root: Path, args: list[str], *, answer: str | None) -> tuple[str, int]:
     """Run the CLI on a pseudo-terminal; type `answer` when it asks. Its
     whole output (escape sequences stripped) and exit code."""
