@@ -500,10 +500,10 @@ class ChildHandle:
         return terminal
 
     async def moved_on(self, outcome: ChildEvent) -> None:
-        """Wait until `outcome` no longer ends the child's last turn: a turn
-        ended after it (a stop ends a waiting turn aborted), a new one
-        started, or the handle closed."""
-        while self.last_terminal is outcome and self._log[-1] is outcome and not self._closed:
+        """Wait until `outcome` (an event of its log) is no longer the
+        child's last event: a turn ended after it (a stop ends a waiting
+        turn aborted), a new one started, or the handle closed."""
+        while self._log[-1:] and self._log[-1] is outcome and not self._closed:
             await self._changed.wait()
 
     # -- what the parent does -----------------------------------------------------
