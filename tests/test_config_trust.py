@@ -28,10 +28,12 @@ import yaml
 
 from a2a_orchestrator.budgets import Price
 from a2a_orchestrator.callers import add_caller
+from a2a_orchestrator.commands.common import hooks_of
 from a2a_orchestrator.commands.serve import check_secret_files
 from a2a_orchestrator.delegation import ChildConfig
 from a2a_orchestrator.errors import OrchestratorError, RoleNotFoundError
 from a2a_orchestrator.events import Done
+from a2a_orchestrator.hooks import SpawnInfo
 from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
 from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.orchestrator import OrchestratorExecutor
@@ -379,3 +381,49 @@ def test_a_script_a_command_writes_before_its_roles_first_child_is_not_replayed(
         if r["kind"] == "tool_result" and r["payload"]["tool"] == "agent"
     ]
     assert len(spawned) == 1 and "cannot read model script scribe.json" in spawned[0], spawned
+
+
+HOOKS = '[[hook]]\non = "spawn.before"\ncommand = "python3 check.py"\n'
+
+
+def test_a_hooks_file_commands_can_write_is_refused_while_they_run_sandboxed(
+    tmp_path: Path,
+) -> None:
+    # Hooks run outside the sandbox, in their file's directory: from the
+    # work directory, a sandboxed command could rewrite `check.py` and have
+    # it run on the host at the next spawn.
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "hooks.toml").write_text(HOOKS, encoding="utf-8")
+    run = subprocess.run(
+        [*CLI, "run", "go", "--hooks", "hooks.toml"],
+        cwd=work,
+        env={**os.environ, **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    real = work.resolve()
+    assert (
+        f"error: the hooks file hooks.toml is inside the work directory {real}, where "
+        "sandboxed commands can write what its hooks run outside the sandbox"
+    ) in run.stderr
+    assert "session" not in run.stdout
+    # Where commands cannot write, or with the sandbox off (commands then
+    # run on the host anyway), the file is taken.
+    (work / ".a2a").mkdir()
+    for where in (work / ".a2a", tmp_path, work):
+        (where / "hooks.toml").write_text(HOOKS, encoding="utf-8")
+        (where / "check.py").write_text(
+            f"import sys\nprint('denied from {where.name}')\nsys.exit(1)\n", encoding="utf-8"
+        )
+    info = SpawnInfo(session_id="s", parent_id="", role="coder", prompt="go")
+    for path, sandboxed, where in (
+        (None, True, work / ".a2a"),
+        (tmp_path / "hooks.toml", True, tmp_path),
+        (work / "hooks.toml", False, work),
+    ):
+        hooks = hooks_of(path, work / ".a2a", workdir=work, sandboxed=sandboxed)
+        denied = anyio.run(hooks.before_spawn, info)
+        assert denied is not None and denied.reason == f"denied from {where.name}"

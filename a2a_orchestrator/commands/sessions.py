@@ -87,11 +87,11 @@ async def run(args: argparse.Namespace) -> int:
         find_role(args.role)  # an unknown role is a clear error before anything starts
     else:
         check_agents(Network.load(), list(PIPELINE_PASSES), settings)
-    hooks = hooks_of(args.hooks, workdir / ".a2a")
+    sandbox = sandbox_of(args)
+    hooks = hooks_of(args.hooks, workdir / ".a2a", workdir=workdir, sandboxed=sandbox.enabled)
     policy = policy_of(args.policy, workdir / ".a2a")
     rules = reaction_rules(workdir / ".a2a")
     model_notice(settings)
-    sandbox = sandbox_of(args)
     store = new_store(args.store)
     settle()
     async with Session(
@@ -254,10 +254,10 @@ async def resume(args: argparse.Namespace) -> int:
     if (metadata.get(PROGRESS_KEY) or {}).get("state") == "running":
         # A pipeline to continue: its passes' configuration is checked first, as for `run`.
         check_agents(Network.load(), list(PIPELINE_PASSES), settings)
-    hooks = hooks_of(None, workdir / ".a2a")
+    sandbox = sandbox_of(args)
+    hooks = hooks_of(None, workdir / ".a2a", workdir=workdir, sandboxed=sandbox.enabled)
     policy = policy_of(None, workdir / ".a2a")
     rules = reaction_rules(workdir / ".a2a")
-    sandbox = sandbox_of(args)
     settle()
     async with Session(
         store,
