@@ -31,7 +31,7 @@ from a2a_orchestrator.callers import add_caller
 from a2a_orchestrator.commands.common import hooks_of
 from a2a_orchestrator.commands.serve import check_secret_files
 from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.errors import OrchestratorError, RoleNotFoundError
+from a2a_orchestrator.errors import ConfigError, OrchestratorError, RoleNotFoundError
 from a2a_orchestrator.events import Done
 from a2a_orchestrator.hooks import SpawnInfo
 from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
@@ -282,6 +282,21 @@ def test_the_network_and_the_spawn_policy_read_the_roles_when_made(tmp_path: Pat
         (project / "roles" / "helper.md").write_text("Planted.\n", encoding="utf-8")
         with pytest.raises(RoleNotFoundError):
             find_role("helper", cwd=project, home=where)
+
+
+def test_an_unknown_name_lists_the_roles_read_at_start_not_one_planted_since(
+    tmp_path: Path,
+) -> None:
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    network = Network.load(cwd=project, home=home)
+    (project / "roles").mkdir()
+    (project / "roles" / "helper.md").write_text("Planted.\n", encoding="utf-8")
+    for name in ("helpr", "Not A Name"):
+        with pytest.raises(ConfigError, match="Unknown agent or role") as refused:
+            network.resolve(name)
+        listed = str(refused.value).partition("Roles: ")[2].split(", ")
+        assert listed == ["architect", "coder", "observer", "orchestrator", "reviewer"], listed
 
 
 def test_the_orchestrators_sessions_keep_the_price_table_read_at_start(
