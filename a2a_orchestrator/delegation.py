@@ -499,6 +499,13 @@ class ChildHandle:
         assert isinstance(terminal, Done | Failed | InputRequired)
         return terminal
 
+    async def moved_on(self, outcome: ChildEvent) -> None:
+        """Wait until `outcome` (an event of its log) is no longer the
+        child's last event: a turn ended after it (a stop ends a waiting
+        turn aborted), a new one started, or the handle closed."""
+        while self._log[-1:] and self._log[-1] is outcome and not self._closed:
+            await self._changed.wait()
+
     # -- what the parent does -----------------------------------------------------
 
     async def send(self, text: str) -> None:

@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 
 from .errors import ConfigError, RoleNotFoundError
 from .lookup import lookup_dirs, shipped_dir
-from .roles import ROLE_NAME_PATTERN, find_role, read_roles, role_dirs
+from .roles import ROLE_NAME_PATTERN, find_role, read_roles, role_names
 
 __all__ = [
     "AgentSpec",
@@ -412,7 +412,7 @@ class Network:
             else:
                 return AgentSpec(name=role.name, role=role.name, description=role.description)
         else:
-            known_roles = _role_names(role_dirs(self._cwd, self._home))
+            known_roles = role_names(self._cwd, self._home)
         raise ConfigError(
             f"Unknown agent or role {name_or_role!r}. "
             f"Agents: {', '.join(self._agents) or '(none)'}. "
@@ -436,18 +436,6 @@ def _index(dirs: Iterable[Path]) -> dict[str, Path]:
             if entry.is_file() and ROLE_NAME_PATTERN.fullmatch(entry.stem):
                 index.setdefault(entry.stem, entry)
     return index
-
-
-def _role_names(dirs: Iterable[Path]) -> list[str]:
-    """Role names on disk, for an error message about a name that is not valid."""
-    names = {
-        entry.stem
-        for directory in dirs
-        if directory.is_dir()
-        for entry in directory.iterdir()
-        if entry.suffix in {".md", ".json"} and ROLE_NAME_PATTERN.fullmatch(entry.stem)
-    }
-    return sorted(names)
 
 
 def _apply_overrides(

@@ -414,7 +414,11 @@ class OrchestratorExecutor(AgentExecutor):
             )
         text = get_message_text(context.message) if context.message else ""
         metadata = metadata_of(context.message)
-        mode = str(metadata.get(MODE_KEY, "pipeline"))
+        # A follow-up on a task runs as the task does unless it says otherwise:
+        # a stock client's answer to a parent agent's question (delegate mode)
+        # carries no metadata of ours.
+        opening = task.history[0] if task is not None and task.history else None
+        mode = str(metadata.get(MODE_KEY) or metadata_of(opening).get(MODE_KEY) or "pipeline")
         # What the session had spent before this task: its turn's end reports
         # what the whole session spent since (the parent agent's or the
         # pipeline's calls and every child's), so a caller that delegates to
@@ -462,9 +466,11 @@ class OrchestratorExecutor(AgentExecutor):
             await emit(ending)
             self.host.release(record)
             return
-        if waiting and (run is None or run.asks is None):
-            # A question of a run this server no longer has (it restarted, or
-            # another replica had the task): the answer has nowhere to go.
+        if waiting and mode == "pipeline" and (run is None or run.asks is None):
+            # A pipeline's question this server no longer has (it restarted,
+            # or another replica had the task): the answer has nowhere to go.
+            # A parent agent's question (delegate mode) is in its stored
+            # conversation: the message goes to it as its next input.
             await emit(
                 Failed(
                     reason="error",

@@ -312,14 +312,30 @@ class Pipeline:
         if self._current is not None:
             await self._current.cancel()
 
-    async def _ask(self, name: str, handle: ChildHandle, question: str) -> str:
+    async def _ask(self, name: str, handle: ChildHandle, asked: InputRequired) -> str | None:
+        """The answer to the pass's question; None when the child's turn
+        ended otherwise while it waited (stopped from the control API or
+        the web view): the question is withdrawn, as no answer can go on."""
         # The waiting child is the one `cancel` stops, as while it runs.
         self._current = handle
+        answer: str | None = None
         try:
             with anyio.CancelScope() as self._asking:
-                answer = await self.session.questions.ask(
-                    question, child_id=handle.child_id, agent=handle.agent, role=handle.role
-                )
+                async with anyio.create_task_group() as tg:
+
+                    async def ask() -> None:
+                        nonlocal answer
+                        answer = await self.session.questions.ask(
+                            asked.question,
+                            child_id=handle.child_id,
+                            agent=handle.agent,
+                            role=handle.role,
+                        )
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(ask, name=f"{name} pass: its question")
+                    await handle.moved_on(asked)
+                    tg.cancel_scope.cancel()
         finally:
             self._asking = None
             self._current = None
@@ -372,8 +388,12 @@ class Pipeline:
             # Nobody above the pass but the person who gave the task: the
             # session's questions reach them (or say no one can answer), and
             # the answer is the `ask_parent` call's result.
-            answer = await self._ask(name, handle, outcome.question)
-            await handle.send(answer)
+            answer = await self._ask(name, handle, outcome)
+            if answer is not None:
+                await handle.send(answer)
+            elif handle.last_terminal is outcome:
+                # Closed with its session, not ended: nothing more will come.
+                raise PipelineError(f"{name} pass: closed while it waited for an answer")
         if isinstance(outcome, Failed):
             raise PipelineError(f"{name} pass: {outcome.reason}: {outcome.message}")
         if not outcome.text.strip():

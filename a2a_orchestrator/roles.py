@@ -58,6 +58,7 @@ __all__ = [
     "reload_roles",
     "role_cache",
     "role_dirs",
+    "role_names",
     "shipped_roles_dir",
     "validate_role_name",
 ]
@@ -221,7 +222,7 @@ def find_role(
     validate_role_name(name)
     found = _snapshot(cwd, home).get(name)
     if found is None:
-        raise RoleNotFoundError(name, sorted(_snapshot(cwd, home)))
+        raise RoleNotFoundError(name, role_names(cwd, home))
     if isinstance(found, RoleFileError):
         # The same refusal each time, not a traceback that grows with each raise.
         raise found.with_traceback(None)
@@ -248,11 +249,22 @@ def list_roles(
 
 def read_roles(
     cwd: str | os.PathLike[str] | None = None, home: str | os.PathLike[str] | None = None
-) -> None:
+) -> list[Role]:
     """Take this project's snapshot now, if no lookup has: the commands that
     run models call it at start, before any model runs (`commands`). A
-    broken file is refused when its role is asked for, as always."""
-    _snapshot(cwd, home)
+    broken file is refused when its role is asked for, as always.
+
+    Returns the snapshot's good roles (the commands read their model
+    scripts at start too: `models.config.read_scripts`)."""
+    return [found for found in _snapshot(cwd, home).values() if isinstance(found, Role)]
+
+
+def role_names(
+    cwd: str | os.PathLike[str] | None = None, home: str | os.PathLike[str] | None = None
+) -> list[str]:
+    """Every role name of this project's snapshot, sorted (a broken file's
+    too): the roles an error may list as known."""
+    return sorted(_snapshot(cwd, home))
 
 
 def reload_roles() -> None:

@@ -32,9 +32,10 @@ from conftest import a2a_client
 from test_cli import serve_process
 from test_server import collect, user_message
 
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.network import AgentSpec, Network
+from a2a_orchestrator.orchestrator import MODE_KEY
 from a2a_orchestrator.pipeline import Brief, Pipeline, TaskSpec
 from a2a_orchestrator.questions import NO_ANSWER, Questions
 from a2a_orchestrator.records import RecordKind
@@ -227,6 +228,17 @@ def test_a_question_on_a_terminal_is_answered_by_the_person(tmp_path: Path) -> N
     session = re.search(r"session ([0-9a-f]{32})", output).group(1)  # type: ignore[union-attr]
     # The answer went back as the call's result: the architect's next turn read it.
     assert architect_inputs(root, session)[1:] == ["French, please"]
+
+
+def test_end_of_input_at_the_prompt_is_no_answer(tmp_path: Path) -> None:
+    # Ctrl-D at the start of the line: the read sees the end of input.
+    root = project(tmp_path)
+    output, code = on_terminal(root, ["run", "Add a hello module"], answer="\x04")
+    assert code == 0, output
+    assert "(no answer: the agent goes on with its own assumption)" in output
+    assert "signal: TASK_DONE" in output
+    session = re.search(r"session ([0-9a-f]{32})", output).group(1)  # type: ignore[union-attr]
+    assert architect_inputs(root, session)[1:] == [NO_ANSWER]
 
 
 def on_terminal(root: Path, args: list[str], *, answer: str | None) -> tuple[str, int]:
@@ -541,3 +553,72 @@ async def test_a_browser_answers_a_question_that_arrives_while_the_page_is_open(
                 tg.cancel_scope.cancel()
     assert responses[-1].status_update.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
     assert architect_inputs(root, context_id)[1:] == ["French, please"]
+
+
+@pytest.mark.anyio
+async def test_stopping_the_session_while_a_pass_asks_ends_its_run(tmp_path: Path) -> None:
+    """The web view's stop (the control API) ends the asking pass: its
+    question goes, and the run ends failed instead of waiting for an answer
+    that a stopped pass could never take."""
+    root = project(tmp_path)
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with anyio.fail_after(90):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                first, _ = await collect(client, user_message("Add a hello module"))
+                task_id, context_id, _data = _asked(first)
+                async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
+                    stopped = await http.post(f"/api/sessions/{context_id}/subagents/stop")
+                    with anyio.move_on_after(10) as waited:
+                        while True:
+                            page = await http.get(f"/ui/sessions/{context_id}")
+                            if 'class="question"' not in page.text:
+                                break
+                            await anyio.sleep(0.1)
+                follow = user_message("French, please", task_id=task_id, context_id=context_id)
+                second, events = await collect(client, follow)
+    assert stopped.json() == {"stopped": 1}
+    assert not waited.cancel_called, "the stopped pass's question still waits for an answer"
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_FAILED
+    assert isinstance(events[-1], Failed) and "architect pass: aborted" in events[-1].message
+
+
+@pytest.mark.anyio
+async def test_a_parent_agents_question_over_a2a_is_answered_by_the_next_message(
+    tmp_path: Path,
+) -> None:
+    """Delegate mode: the parent agent at the root asks; the task goes
+    INPUT_REQUIRED and a stock client's next message (no metadata of ours)
+    is its answer, in the parent's own conversation."""
+    root = tmp_path / "project"
+    (root / "roles").mkdir(parents=True)
+    (root / "roles" / "orchestrator.md").write_text(
+        "---\nname: orchestrator\ndescription: a parent that asks\nmodel: default\n"
+        "tools: [agent, ask_parent]\nmax_turns: 4\ntimeout: 60\n---\nYou delegate.\n"
+    )
+    script = tmp_path / "parent.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "ask_parent", "arguments": {"question": QUESTION}}]},
+                {"text": "Went on in French.\nTASK_DONE"},
+            ]
+        )
+    )
+    env = {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN, "A2A_MODEL_SCRIPT": str(script)}
+    with anyio.fail_after(90):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                request = user_message("Add a hello module")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                first, _ = await collect(client, request)
+                asked = first[-1].status_update
+                answer = user_message(
+                    "French, please", task_id=asked.task_id, context_id=asked.context_id
+                )
+                second, events = await collect(client, answer)
+    assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert get_message_text(asked.status.message) == QUESTION
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert isinstance(events[-1], Done) and events[-1].text == "Went on in French.\nTASK_DONE"

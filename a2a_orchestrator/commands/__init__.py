@@ -43,13 +43,17 @@ def _stoppable(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Any:
 
 
 def _configured(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Any:
-    """`command` runs models: the role files are read before any of them
-    runs, so nothing a model's command writes later is taken as a role."""
+    """`command` runs models: the role files, and the model scripts they and
+    the model settings name, are read before any of them runs, so nothing a
+    model's command writes later is taken as a role or replayed as a script."""
 
     async def configured(args: argparse.Namespace) -> int:
+        from ..models import ModelSettings
+        from ..models.config import read_scripts
         from ..roles import read_roles
 
-        read_roles()
+        roles = read_roles()
+        read_scripts([role.model for role in roles], ModelSettings.from_env())
         return await command(args)
 
     return configured

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,13 +86,31 @@ def policy_of(path: Path | None, config_dir: Path) -> SpawnPolicy | None:
     return None
 
 
-def hooks_of(path: Path | None, config_dir: Path) -> Hooks:
+def hooks_of(
+    path: Path | None, config_dir: Path, *, workdir: Path | None = None, sandboxed: bool = False
+) -> Hooks:
+    """The hooks: `--hooks FILE`, else `hooks.toml` in `config_dir`. Their
+    commands run outside the sandbox, in the file's directory: while
+    commands run `sandboxed`, a hooks file inside `workdir` (but for its
+    `.a2a/`, which commands cannot reach) is refused, as a command could
+    write the programs it runs there."""
     from ..hooks import Hooks, load_hook_file
+    from ..tools.reserved import STATE_DIR
 
     candidate = path or config_dir / "hooks.toml"
-    if path is not None or candidate.exists():
-        return load_hook_file(candidate)
-    return Hooks()
+    if path is None and not candidate.exists():
+        return Hooks()
+    hooks = load_hook_file(candidate)  # a file that does not load says so first
+    if sandboxed and workdir is not None:
+        root = Path(os.path.realpath(workdir))
+        real = Path(os.path.realpath(candidate))
+        if real.is_relative_to(root) and not real.is_relative_to(root / STATE_DIR):
+            raise OrchestratorError(
+                f"the hooks file {candidate} is inside the work directory {root}, where "
+                "sandboxed commands can write what its hooks run outside the sandbox: keep it "
+                f"in {root / STATE_DIR}/ or outside the work directory"
+            )
+    return hooks
 
 
 def sandbox_of(args: argparse.Namespace) -> Sandbox:

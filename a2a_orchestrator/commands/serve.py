@@ -120,7 +120,7 @@ async def serve(args: argparse.Namespace) -> int:
             db=db,
             # Read beside the store, not from the work directory the agents
             # can write: in a container the store lives on a private volume.
-            hooks=hooks_of(None, config_dir),
+            hooks=hooks_of(None, config_dir, workdir=workdir, sandboxed=sandbox.enabled),
             reactions=reaction_rules(config_dir),
             policy=policy_of(None, config_dir),
             lease_seconds=_lease(args) or float(os.environ.get("A2A_LEASE_SECONDS") or 15),

@@ -90,11 +90,11 @@ async def run(args: argparse.Namespace) -> int:
         find_role(args.role)  # an unknown role is a clear error before anything starts
     else:
         check_agents(Network.load(), list(PIPELINE_PASSES), settings)
-    hooks = hooks_of(args.hooks, workdir / ".a2a")
+    sandbox = sandbox_of(args)
+    hooks = hooks_of(args.hooks, workdir / ".a2a", workdir=workdir, sandboxed=sandbox.enabled)
     policy = policy_of(args.policy, workdir / ".a2a")
     rules = reaction_rules(workdir / ".a2a")
     model_notice(settings)
-    sandbox = sandbox_of(args)
     store = new_store(args.store)
     session_id = await _session_to_run(store, args) if args.session is not None else None
     settle()
@@ -295,10 +295,10 @@ async def resume(args: argparse.Namespace) -> int:
         # A pipeline to continue (a stopped one too): its passes' configuration
         # is checked first, as for `run`.
         check_agents(Network.load(), list(PIPELINE_PASSES), settings)
-    hooks = hooks_of(None, workdir / ".a2a")
+    sandbox = sandbox_of(args)
+    hooks = hooks_of(None, workdir / ".a2a", workdir=workdir, sandboxed=sandbox.enabled)
     policy = policy_of(None, workdir / ".a2a")
     rules = reaction_rules(workdir / ".a2a")
-    sandbox = sandbox_of(args)
     settle()
     async with Session(
         store,

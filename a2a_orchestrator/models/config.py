@@ -24,10 +24,11 @@ that role (`limit_model`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
 from .base import Model
 from .limits import DEFAULT_RETRIES, DEFAULT_TIMEOUT, check_retries, check_timeout
 from .scripted import ScriptedModel
@@ -39,6 +40,7 @@ __all__ = [
     "describe_model",
     "is_scripted",
     "limit_model",
+    "read_scripts",
     "resolve_model",
 ]
 
@@ -136,8 +138,9 @@ def resolve_model(
     bare `"scripted"` without a script file, the model is scripted from
     `settings.script`, else `fallback_script`, else `OFFLINE_SCRIPT`.
     A bad script file raises `ConfigError`. A script file is read once per
-    process: later resolutions replay that first read, whatever the file
-    holds by then.
+    process (the commands read the ones their configuration names at start,
+    `read_scripts`): later resolutions replay that first read, whatever the
+    file holds by then.
     """
     if name is None or name == "default":
         concrete = settings.default
@@ -210,17 +213,47 @@ def _offline_model(
 # Script files read so far, by absolute path. A script is configuration: the
 # first read is kept for the process's life, so a file a model's command
 # rewrites between two spawns is not what the next child replays (the model
-# is stateless, so one instance serves every conversation).
-_scripts: dict[str, ScriptedModel] = {}
+# is stateless, so one instance serves every conversation). A file read at
+# start (`read_scripts`) that could not be had keeps its refusal.
+_scripts: dict[str, ScriptedModel | ConfigError] = {}
 
 
 def _script(path: str) -> ScriptedModel:
     key = os.path.abspath(path)
-    model = _scripts.get(key)
-    if model is None:
-        # A broken file is refused each time, never kept.
-        model = _scripts.setdefault(key, ScriptedModel.from_file(path))
-    return model
+    found = _scripts.get(key)
+    if found is None:
+        # Not named at start (the Python API): read at its first use; a
+        # broken file is refused each time, never kept.
+        found = _scripts.setdefault(key, ScriptedModel.from_file(path))
+    if isinstance(found, ConfigError):
+        # The same refusal each time, not a traceback that grows with each raise.
+        raise found.with_traceback(None)
+    return found
+
+
+def read_scripts(names: Iterable[str | None], settings: ModelSettings) -> None:
+    """Read now every script file the model names `names` (the roles'
+    models) and `settings` (`default`, `mini`, `A2A_MODEL_SCRIPT`) lead to.
+
+    The commands that run models call it at start, before any model runs
+    (`commands`): a role whose first child comes later in the run then
+    replays the file as it was at start, never one a command wrote since. A
+    file that cannot be read or parsed now is refused, with this error,
+    each time a model resolves to it; it is not read again.
+    """
+    paths = [settings.script] if settings.script else []
+    for name in (*names, "default", "mini"):
+        concrete = {None: settings.default, "default": settings.default, "mini": settings.mini}
+        model = concrete.get(name, name) or settings.default
+        if model.startswith(_SCRIPTED + ":"):
+            paths.append(model.removeprefix(_SCRIPTED + ":"))
+    for path in paths:
+        key = os.path.abspath(path)
+        if key not in _scripts:
+            try:
+                _scripts[key] = ScriptedModel.from_file(path)
+            except ConfigError as exc:
+                _scripts[key] = exc
 
 
 def is_scripted(model: Model) -> bool:
