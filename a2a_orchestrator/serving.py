@@ -13,6 +13,9 @@ for a request's head is closed with 408 `HEAD_TIMEOUT` seconds after it
 opened (or after its previous response), and at most `MAX_PENDING_HEADS`
 connections wait at once: past that the one waiting longest is closed.
 A head that arrives whole in one read (every ordinary client's) never waits.
+The same deadline holds the rest of a body the server answered before
+reading (uvicorn reads it only to discard it): it is closed, without a 408,
+`HEAD_TIMEOUT` seconds after that response.
 """
 
 from __future__ import annotations
@@ -155,10 +158,23 @@ class HeadDeadlineProtocol(H11Protocol):
         super().handle_events()
         self._track_head()
 
+    def on_response_complete(self) -> None:
+        # A response sent before its request's body was read (a refusal on
+        # a declared length, a public asset): uvicorn goes on reading that
+        # body only to discard it and starts no new cycle, so the timer
+        # must start here, at the response's end.
+        super().on_response_complete()
+        self._track_head()
+
     def _track_head(self) -> None:
         if self.transport.is_closing():
             self._stop_waiting()
-        elif self.conn.their_state is h11.IDLE:
+        elif self.conn.their_state is h11.IDLE or (
+            # Answered, the rest of its body still coming: uvicorn's
+            # keep-alive timer stops at the first byte of it and is not set
+            # again, so a client trickling it would hold the connection.
+            self.conn.their_state is h11.SEND_BODY and self.conn.our_state is h11.DONE
+        ):
             self._start_waiting()
         else:
             self._stop_waiting()
@@ -181,8 +197,9 @@ class HeadDeadlineProtocol(H11Protocol):
     def _head_timed_out(self) -> None:
         self._stop_waiting()
         if not self.transport.is_closing():
-            # Written by hand: h11 sends no response before a request's head.
-            self.transport.write(_HEAD_TIMEOUT_RESPONSE)
+            if self.conn.their_state is h11.IDLE:
+                # Written by hand: h11 sends no response before a request's head.
+                self.transport.write(_HEAD_TIMEOUT_RESPONSE)
             self.transport.close()
 
 

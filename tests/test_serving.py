@@ -184,3 +184,33 @@ async def test_past_the_pending_heads_cap_the_longest_waiting_is_closed() -> Non
     assert all(reply.startswith(b"HTTP/1.1 408") for reply in evicted)
     assert kept.cancel_called  # the sixth oldest still waits: only as many closed as needed
     assert max(latencies) < 1.0
+
+
+async def test_the_rest_of_a_body_answered_unread_cannot_be_trickled_for_ever() -> None:
+    # A response sent before its request's body (as the web view's assets
+    # and the login form are, to anyone): uvicorn read on to discard the
+    # announced body, and its keep-alive timer stopped at the first byte of
+    # it, so a byte a second held the connection for ever.
+    deadline = 1.5
+    with anyio.fail_after(30):
+        async with _served(head_timeout=deadline) as port:
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            async with stream:
+                await stream.send(
+                    b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Length: 1000000000\r\n\r\n"
+                )
+                answer = await _head_of_answer(stream)
+                answered = anyio.current_time()
+                late = b""
+                with anyio.move_on_after(8) as held:
+                    with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                        while True:
+                            await stream.send(b"x")
+                            with anyio.move_on_after(0.3):
+                                late += await stream.receive()
+                closed_after = anyio.current_time() - answered
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert not held.cancel_called, "the connection was still open 8 s after its answer"
+    assert deadline - 0.2 <= closed_after < deadline + 1.5
+    assert b"408" not in late  # its request was answered: no second response
