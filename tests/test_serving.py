@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +24,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from test_ui import orchestrator
 
@@ -103,9 +105,22 @@ async def _card(request: Request) -> JSONResponse:
     return JSONResponse({"name": "card"})
 
 
+ASSET = 512 * 1024
+
+
+async def _asset(request: Request) -> Response:
+    """A public answer of some size (the web view's script is one)."""
+    return Response(b"a" * ASSET, media_type="text/javascript")
+
+
 @asynccontextmanager
 async def _served(**options: Any) -> AsyncIterator[int]:
-    app = Starlette(routes=[Route("/.well-known/agent-card.json", _card)])
+    app = Starlette(
+        routes=[
+            Route("/.well-known/agent-card.json", _card),
+            Route("/ui/static/ui.js", _asset),
+        ]
+    )
     sock = bind_socket("127.0.0.1", 0)
     async with anyio.create_task_group() as tg:
         yield await tg.start(functools.partial(serve, app, sock, **options))
@@ -214,3 +229,35 @@ async def test_the_rest_of_a_body_answered_unread_cannot_be_trickled_for_ever() 
     assert not held.cancel_called, "the connection was still open 8 s after its answer"
     assert deadline - 0.2 <= closed_after < deadline + 1.5
     assert b"408" not in late  # its request was answered: no second response
+
+
+def _pipelined_unread(port: int, count: int, unread_for: float) -> tuple[int, str]:
+    """Ask for the asset `count` times at once, read nothing for `unread_for`
+    seconds, then read: the bytes received and how the connection ended."""
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"GET /ui/static/ui.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * count)
+        time.sleep(unread_for)
+        client.settimeout(3)
+        received = 0
+        try:
+            while chunk := client.recv(65536):
+                received += len(chunk)
+        except ConnectionResetError:
+            return received, "reset"
+        except TimeoutError:
+            return received, "open"
+        return received, "closed"
+
+
+async def test_a_client_that_reads_no_answer_is_dropped_at_the_write_deadline() -> None:
+    # Requests for a public asset, pipelined, their answers never read: the
+    # server waited for ever for room in the socket, the connection and
+    # megabytes of kernel buffers held without a token.
+    count = 40
+    with anyio.fail_after(30):
+        async with _served(write_timeout=1.0) as port:
+            received, ended = await anyio.to_thread.run_sync(_pipelined_unread, port, count, 3.0)
+    assert ended in ("reset", "closed"), (received, ended)
+    assert received < count * ASSET / 2
