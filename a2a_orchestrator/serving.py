@@ -21,7 +21,8 @@ Responses have a deadline too: a client that stops reading (a public
 asset's requests pipelined, none of the answers read) left a response
 waiting for ever for room in the socket, its connection and megabytes of
 kernel buffers held without a token. A connection whose response has had
-no room for `WRITE_TIMEOUT` seconds is dropped.
+no room for `WRITE_TIMEOUT` seconds is dropped, and so is one the server
+closed `WRITE_TIMEOUT` seconds ago with bytes its client has not read.
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ class HeadDeadlineProtocol(H11Protocol):
         # The transport's buffer is past its high-water mark: the client
         # has not read for a while (the kernel's buffers filled first).
         super().pause_writing()
+        self._start_write_timer()
+
+    def _start_write_timer(self) -> None:
         if self._write_timer is None:
             self._write_timer = self.loop.call_later(
                 self.config.write_timeout, self._write_timed_out
@@ -219,6 +223,12 @@ class HeadDeadlineProtocol(H11Protocol):
     def _track_head(self) -> None:
         if self.transport.is_closing():
             self._stop_waiting()
+            if self.transport.get_write_buffer_size():
+                # Closed with bytes unsent (a last response, a 408 or 400):
+                # asyncio keeps the socket until they are, which a client
+                # not reading puts off for ever, below the high-water mark
+                # that would have paused writing.
+                self._start_write_timer()
         elif self.conn.their_state is h11.IDLE or (
             # Answered, the rest of its body still coming: uvicorn's
             # keep-alive timer stops at the first byte of it and is not set
@@ -251,6 +261,7 @@ class HeadDeadlineProtocol(H11Protocol):
                 # Written by hand: h11 sends no response before a request's head.
                 self.transport.write(_HEAD_TIMEOUT_RESPONSE)
             self.transport.close()
+            self._track_head()
 
 
 def server_config(

@@ -239,16 +239,22 @@ def _pipelined_unread(port: int, count: int, unread_for: float) -> tuple[int, st
         client.connect(("127.0.0.1", port))
         client.sendall(b"GET /ui/static/ui.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * count)
         time.sleep(unread_for)
-        client.settimeout(3)
-        received = 0
-        try:
-            while chunk := client.recv(65536):
-                received += len(chunk)
-        except ConnectionResetError:
-            return received, "reset"
-        except TimeoutError:
-            return received, "open"
-        return received, "closed"
+        return _read_to_the_end(client)
+
+
+def _read_to_the_end(client: socket.socket) -> tuple[int, str]:
+    """The bytes `client` still receives, and how its connection ends
+    ("open": nothing for 3 s)."""
+    client.settimeout(3)
+    received = 0
+    try:
+        while chunk := client.recv(65536):
+            received += len(chunk)
+    except ConnectionResetError:
+        return received, "reset"
+    except TimeoutError:
+        return received, "open"
+    return received, "closed"
 
 
 async def test_a_client_that_reads_no_answer_is_dropped_at_the_write_deadline() -> None:
@@ -261,3 +267,31 @@ async def test_a_client_that_reads_no_answer_is_dropped_at_the_write_deadline() 
             received, ended = await anyio.to_thread.run_sync(_pipelined_unread, port, count, 3.0)
     assert ended in ("reset", "closed"), (received, ended)
     assert received < count * ASSET / 2
+
+
+async def _closing(request: Request) -> Response:
+    """An answer after which the server closes the connection (as a 401 does)."""
+    return Response(b"a" * 32 * 1024, headers={"connection": "close"})
+
+
+async def test_a_closed_connection_whose_client_reads_nothing_is_let_go() -> None:
+    # Closing waits until the unsent bytes are sent: a client that read
+    # nothing held the socket for ever, with too few bytes left to pause
+    # writing (and start the write deadline). Small kernel buffers on both
+    # sides (accepted sockets inherit the listening one's) stand in for
+    # full ones.
+    app = Starlette(routes=[Route("/x", _closing)])
+    sock = bind_socket("127.0.0.1", 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    with anyio.fail_after(30), socket.socket() as client:
+        async with anyio.create_task_group() as tg:
+            options = {"write_timeout": 1.0}
+            port = await tg.start(functools.partial(serve, app, sock, **options))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            client.connect(("127.0.0.1", port))
+            client.sendall(b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            await anyio.sleep(3)
+            received, ended = await anyio.to_thread.run_sync(_read_to_the_end, client)
+            tg.cancel_scope.cancel()
+    assert ended == "reset", (received, ended)
+    assert received < 32 * 1024
