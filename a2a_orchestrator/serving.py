@@ -188,7 +188,10 @@ class HeadDeadlineProtocol(H11Protocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._writing()
+        if not self.transport.is_closing():
+            # A closing connection keeps its deadline: reading a little,
+            # enough to resume writing, must not buy the rest unlimited time.
+            self._writing()
 
     def _writing(self) -> None:
         if self._write_timer is not None:

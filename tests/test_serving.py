@@ -270,8 +270,10 @@ async def test_a_client_that_reads_no_answer_is_dropped_at_the_write_deadline() 
 
 
 async def _closing(request: Request) -> Response:
-    """An answer after which the server closes the connection (as a 401 does)."""
-    return Response(b"a" * 32 * 1024, headers={"connection": "close"})
+    """An answer after which the server closes the connection (as a 401 does),
+    of the size asked for in kibibytes."""
+    size = int(request.query_params.get("kib", "32")) * 1024
+    return Response(b"a" * size, headers={"connection": "close"})
 
 
 async def test_a_closed_connection_whose_client_reads_nothing_is_let_go() -> None:
@@ -295,3 +297,33 @@ async def test_a_closed_connection_whose_client_reads_nothing_is_let_go() -> Non
             tg.cancel_scope.cancel()
     assert ended == "reset", (received, ended)
     assert received < 32 * 1024
+
+
+async def test_reading_a_little_of_a_closed_connections_answer_buys_no_time() -> None:
+    # The client reads most of a large last answer (enough for writing to
+    # resume) and then nothing: resuming must not cancel the deadline of a
+    # connection already closed, or the rest waits for ever.
+    app = Starlette(routes=[Route("/x", _closing)])
+    sock = bind_socket("127.0.0.1", 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    size = 256 * 1024
+
+    def read_most_then_stop(client: socket.socket) -> int:
+        received = 0
+        while received < size - 20 * 1024:
+            received += len(client.recv(4096))
+        return received
+
+    with anyio.fail_after(30), socket.socket() as client:
+        async with anyio.create_task_group() as tg:
+            options = {"write_timeout": 1.5}
+            port = await tg.start(functools.partial(serve, app, sock, **options))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            client.connect(("127.0.0.1", port))
+            client.sendall(f"GET /x?kib={size // 1024} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+            first = await anyio.to_thread.run_sync(read_most_then_stop, client)
+            await anyio.sleep(3)
+            rest, ended = await anyio.to_thread.run_sync(_read_to_the_end, client)
+            tg.cancel_scope.cancel()
+    assert ended == "reset", (first, rest, ended)
+    assert first + rest < size
