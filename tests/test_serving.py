@@ -1,5 +1,5 @@
 """What a client without a token can cost a server: bodies it announces,
-request heads it trickles.
+request heads (and unread bodies) it trickles, answers it does not read.
 
 Real servers on 127.0.0.1 (the orchestrator's, which has every kind of
 route: A2A, its HTTP API, the web view, push webhooks) and raw sockets, to
