@@ -24,6 +24,13 @@ a refusal is the SDK's INVALID_ARGUMENT (gRPC has no Retry-After).
 
 gRPC is served in plaintext (no TLS): behind a TLS-terminating proxy, or on
 a private network, like the HTTP side without its own certificate.
+
+Connections: credentials travel with each call, so a client without one
+could open a connection and hold it with no call, for ever (gRPC closes
+none that is idle by default; its handshake waits 120 s). As an HTTP
+connection waiting for a request's head, one gets `serving.HEAD_TIMEOUT`
+seconds for its HTTP/2 handshake and is closed after as long with no call
+open; a call (a stream) keeps it open however long it lasts.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from a2a.types import AgentCard, AgentInterface, a2a_pb2_grpc
 
 from .callers import Caller
 from .errors import CredentialError, IssuerUnavailableError
+from .serving import HEAD_TIMEOUT
 
 if TYPE_CHECKING:
     from .access import Access
@@ -138,7 +146,12 @@ class GrpcServing:
             interceptors=interceptors,
             # gRPC sets SO_REUSEPORT by default: a second server on a taken
             # port would then start and share it instead of failing.
-            options=[("grpc.so_reuseport", 0)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                # See the module docstring: no connection held without a call.
+                ("grpc.server_handshake_timeout_ms", int(HEAD_TIMEOUT * 1000)),
+                ("grpc.max_connection_idle_ms", int(HEAD_TIMEOUT * 1000)),
+            ],
         )
         try:
             bound = server.add_insecure_port(_bind_address(host, port))

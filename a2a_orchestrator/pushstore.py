@@ -19,7 +19,10 @@ without bound. A config past a limit (configs per task, all callers';
 configs per caller, all tasks; the length of any of its fields: URL, token,
 id, tenant, authentication scheme and credentials) is refused
 as invalid params (JSON-RPC -32602, HTTP 400) naming the limit; a config
-registered again under its id replaces itself and counts once.
+registered again under its id replaces itself and counts once. Fields this
+protocol version does not know are dropped before a config is kept: over
+gRPC they arrive as raw bytes that protobuf would keep and store, of any
+size the limits above never see.
 """
 
 from __future__ import annotations
@@ -121,6 +124,15 @@ class PushLimits:
             )
 
 
+def _known_fields(config: TaskPushNotificationConfig) -> TaskPushNotificationConfig:
+    """A copy of `config` without the unknown fields a binary (gRPC) request
+    may carry (see the module docstring)."""
+    known = TaskPushNotificationConfig()
+    known.CopyFrom(config)
+    known.DiscardUnknownFields()
+    return known
+
+
 def _count(value: int | None, env: str, default: int) -> int:
     if value is None:
         text = os.environ.get(env, "").strip()
@@ -173,7 +185,7 @@ class SQLitePushConfigStore(PushNotificationConfigStore):
         context: ServerCallContext,
     ) -> TaskPushNotificationConfig:
         self.limits.check_sizes(notification_config)
-        config = normalize_push_notification_config(task_id, notification_config)
+        config = normalize_push_notification_config(task_id, _known_fields(notification_config))
         row = (task_id, config.id, self._owner(context), config.SerializeToString())
 
         def write() -> None:
@@ -280,7 +292,7 @@ class _LimitedDatabaseStore(DatabasePushNotificationConfigStore):
                     int(await session.scalar(count.where(model.task_id == task_id)) or 0),
                     int(await session.scalar(count.where(model.owner == owner)) or 0),
                 )
-        return await super().set_info(task_id, notification_config, context)
+        return await super().set_info(task_id, _known_fields(notification_config), context)
 
 
 class _LimitedMemoryStore(InMemoryPushNotificationConfigStore):
@@ -306,7 +318,7 @@ class _LimitedMemoryStore(InMemoryPushNotificationConfigStore):
                     sum(len(t.get(task_id, [])) for t in self._push_notification_infos.values()),
                     sum(len(configs) for configs in mine.values()),
                 )
-            return await super().set_info(task_id, notification_config, context)
+            return await super().set_info(task_id, _known_fields(notification_config), context)
 
 
 def open_push_config_store(

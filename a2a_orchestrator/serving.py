@@ -13,6 +13,16 @@ for a request's head is closed with 408 `HEAD_TIMEOUT` seconds after it
 opened (or after its previous response), and at most `MAX_PENDING_HEADS`
 connections wait at once: past that the one waiting longest is closed.
 A head that arrives whole in one read (every ordinary client's) never waits.
+The same deadline holds the rest of a body the server answered before
+reading (uvicorn reads it only to discard it): it is closed, without a 408,
+`HEAD_TIMEOUT` seconds after that response.
+
+Responses have a deadline too: a client that stops reading (a public
+asset's requests pipelined, none of the answers read) left a response
+waiting for ever for room in the socket, its connection and megabytes of
+kernel buffers held without a token. A connection whose response has had
+no room for `WRITE_TIMEOUT` seconds is dropped, and so is one the server
+closed `WRITE_TIMEOUT` seconds ago with bytes its client has not read.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -36,6 +47,7 @@ __all__ = [
     "HEAD_TIMEOUT",
     "MAX_PENDING_HEADS",
     "MAX_REQUEST_HEAD",
+    "WRITE_TIMEOUT",
     "HeadDeadlineProtocol",
     "bind_socket",
     "serve",
@@ -107,6 +119,10 @@ MAX_PENDING_HEADS = 1024
 """Connections of one server waiting for a request's head at once; a new one
 past it closes the one waiting longest."""
 
+WRITE_TIMEOUT = 30.0
+"""Seconds a response may wait for its client to read (the socket's and the
+transport's buffers full, none of it sent) before the connection is dropped."""
+
 _HEAD_TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 31\r\nconnection: close\r\n\r\nrequest head not sent in time\r\n"
@@ -117,11 +133,18 @@ class _Config(uvicorn.Config):
     """uvicorn's settings, and the head deadline's (read by `HeadDeadlineProtocol`)."""
 
     def __init__(
-        self, app: ASGIApp, *, head_timeout: float, max_pending_heads: int, **kwargs: Any
+        self,
+        app: ASGIApp,
+        *,
+        head_timeout: float,
+        max_pending_heads: int,
+        write_timeout: float,
+        **kwargs: Any,
     ) -> None:
         super().__init__(app, **kwargs)
         self.head_timeout = head_timeout
         self.max_pending_heads = max_pending_heads
+        self.write_timeout = write_timeout
         # The server's connections waiting for a head, oldest first (a dict
         # keeps insertion order; the event loop is the only writer).
         self.pending_heads: dict[HeadDeadlineProtocol, None] = {}
@@ -140,6 +163,7 @@ class HeadDeadlineProtocol(H11Protocol):
     def __init__(self, config: _Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
@@ -147,7 +171,43 @@ class HeadDeadlineProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
+        self._writing()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        # The transport's buffer is past its high-water mark: the client
+        # has not read for a while (the kernel's buffers filled first).
+        super().pause_writing()
+        self._start_write_timer()
+
+    def _start_write_timer(self) -> None:
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                self.config.write_timeout, self._write_timed_out
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.transport.is_closing():
+            # A closing connection keeps its deadline: reading a little,
+            # enough to resume writing, must not buy the rest unlimited time.
+            self._writing()
+
+    def _writing(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            # A reset, not a FIN queued behind the unsent bytes: the kernel
+            # would keep those (and the socket) while the client stalls.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # Not close(): that waits for the buffer to be sent, which is what
+        # the client is not letting happen.
+        self.transport.abort()
 
     def handle_events(self) -> None:
         # Runs on every read and after every response: the one place that
@@ -155,10 +215,29 @@ class HeadDeadlineProtocol(H11Protocol):
         super().handle_events()
         self._track_head()
 
+    def on_response_complete(self) -> None:
+        # A response sent before its request's body was read (a refusal on
+        # a declared length, a public asset): uvicorn goes on reading that
+        # body only to discard it and starts no new cycle, so the timer
+        # must start here, at the response's end.
+        super().on_response_complete()
+        self._track_head()
+
     def _track_head(self) -> None:
         if self.transport.is_closing():
             self._stop_waiting()
-        elif self.conn.their_state is h11.IDLE:
+            if self.transport.get_write_buffer_size():
+                # Closed with bytes unsent (a last response, a 408 or 400):
+                # asyncio keeps the socket until they are, which a client
+                # not reading puts off for ever, below the high-water mark
+                # that would have paused writing.
+                self._start_write_timer()
+        elif self.conn.their_state is h11.IDLE or (
+            # Answered, the rest of its body still coming: uvicorn's
+            # keep-alive timer stops at the first byte of it and is not set
+            # again, so a client trickling it would hold the connection.
+            self.conn.their_state is h11.SEND_BODY and self.conn.our_state is h11.DONE
+        ):
             self._start_waiting()
         else:
             self._stop_waiting()
@@ -181,9 +260,11 @@ class HeadDeadlineProtocol(H11Protocol):
     def _head_timed_out(self) -> None:
         self._stop_waiting()
         if not self.transport.is_closing():
-            # Written by hand: h11 sends no response before a request's head.
-            self.transport.write(_HEAD_TIMEOUT_RESPONSE)
+            if self.conn.their_state is h11.IDLE:
+                # Written by hand: h11 sends no response before a request's head.
+                self.transport.write(_HEAD_TIMEOUT_RESPONSE)
             self.transport.close()
+            self._track_head()
 
 
 def server_config(
@@ -192,12 +273,14 @@ def server_config(
     *,
     head_timeout: float = HEAD_TIMEOUT,
     max_pending_heads: int = MAX_PENDING_HEADS,
+    write_timeout: float = WRITE_TIMEOUT,
 ) -> uvicorn.Config:
     """The uvicorn settings every server here runs with."""
     return _Config(
         app,
         head_timeout=head_timeout,
         max_pending_heads=max_pending_heads,
+        write_timeout=write_timeout,
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=5,
@@ -225,6 +308,7 @@ async def serve(
     log_level: str = "warning",
     head_timeout: float = HEAD_TIMEOUT,
     max_pending_heads: int = MAX_PENDING_HEADS,
+    write_timeout: float = WRITE_TIMEOUT,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `sock` (from `bind_socket`) until cancelled, or with
@@ -234,7 +318,11 @@ async def serve(
     so after `await tg.start(serve, app, sock)` the server is ready.
     """
     config = server_config(
-        app, log_level, head_timeout=head_timeout, max_pending_heads=max_pending_heads
+        app,
+        log_level,
+        head_timeout=head_timeout,
+        max_pending_heads=max_pending_heads,
+        write_timeout=write_timeout,
     )
     server = _Server(config, before_shutdown, install_signal_handlers)
     finished = anyio.Event()

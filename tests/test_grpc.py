@@ -45,6 +45,7 @@ from a2a_orchestrator.network import AgentSpec, Network
 from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
 from a2a_orchestrator.roles import find_role
 from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.serving import HEAD_TIMEOUT
 from a2a_orchestrator.session import Session
 from a2a_orchestrator.store import Store
 
@@ -189,6 +190,39 @@ async def test_grpc_needs_the_same_token_as_http(tmp_path: Path) -> None:
     assert refused_stream.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert answer.task.status.state == TaskState.TASK_STATE_COMPLETED
     assert read.id == answer.task.id and read.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_a_grpc_connection_without_a_call_is_closed_one_with_a_stream_is_kept(
+    tmp_path: Path,
+) -> None:
+    # Credentials travel with each call: a client with none connected and
+    # held the connection, call-less, for ever (the HTTP side's finding 5).
+    # Each channel gets a connection of its own (no shared subchannel).
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    with anyio.fail_after(60):
+        async with role_server(
+            tmp_path, [{"delay": 30, "text": "late"}], token=TOKEN, grpc_port=0
+        ) as server:
+            assert server.grpc_address is not None
+            async with (
+                grpc.aio.insecure_channel(server.grpc_address, options=own) as idle,
+                grpc.aio.insecure_channel(server.grpc_address, options=own) as busy,
+            ):
+                await idle.channel_ready()
+                stub = a2a_pb2_grpc.A2AServiceStub(busy)
+                metadata = (("authorization", f"Bearer {TOKEN}"),)
+                stream = stub.SendStreamingMessage(user_message("go"), metadata=metadata)
+                first = await stream.read()
+                opened = anyio.current_time()
+                await idle.wait_for_state_change(grpc.ChannelConnectivity.READY)
+                closed_after = anyio.current_time() - opened
+                await anyio.sleep(1)
+                busy_state = busy.get_state()
+                stream_done = stream.done()
+                stream.cancel()
+    assert isinstance(first, StreamResponse) and first.task.id
+    assert HEAD_TIMEOUT - 1 <= closed_after <= HEAD_TIMEOUT + 3
+    assert busy_state is grpc.ChannelConnectivity.READY and not stream_done
 
 
 async def test_delegation_over_grpc_gives_the_json_rpc_event_sequences(tmp_path: Path) -> None:

@@ -388,6 +388,77 @@ async def test_every_field_of_a_push_config_is_bounded_on_every_binding(tmp_path
     assert listed["result"].get("configs", []) == []  # nothing stored
 
 
+def _with_unknown_fields(
+    config: TaskPushNotificationConfig, size: int
+) -> TaskPushNotificationConfig:
+    """`config` as a binary (gRPC) client may send it: plus a field 99 of
+    `size` bytes, at the top and inside `authentication`, which this
+    protocol version does not know (protobuf keeps such bytes when parsing)."""
+
+    def field_99(data: bytes) -> bytes:
+        return b"\x9a\x06" + _varint(len(data)) + data  # field 99, length-delimited
+
+    auth = config.authentication.SerializeToString() + field_99(b"a" * size)
+    top = config.SerializeToString() + field_99(b"u" * size)
+    # Field 6 (authentication) again: protobuf merges it into the first.
+    return TaskPushNotificationConfig.FromString(top + b"\x32" + _varint(len(auth)) + auth)
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        out += bytes([n & 0x7F | (0x80 if n >> 7 else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+@pytest.mark.parametrize("store", ["file", "url"])
+async def test_fields_a_push_config_does_not_know_are_not_stored(
+    tmp_path: Path, store: str
+) -> None:
+    # Over gRPC a config arrives as protobuf bytes, and fields this version
+    # does not know were kept and stored whole: 3.5 MB configs past every
+    # field limit (issue 26, finding 7, by another door).
+    size = 1024 * 1024
+    db = tmp_path / "role.db"
+    async with run_role_server(
+        find_role("coder"),
+        ScriptedModel(coder_script),
+        tmp_path,
+        db=str(db) if store == "file" else f"sqlite+aiosqlite:///{db}",
+        push_policy=LOOPBACK,
+        grpc_port=0,
+    ) as server:
+        assert server.grpc_address is not None
+        with anyio.fail_after(60):
+            async with (
+                a2a_client(server.url) as client,
+                grpc.aio.insecure_channel(
+                    server.grpc_address, options=[("grpc.max_send_message_length", 4 * size)]
+                ) as channel,
+            ):
+                answer = [r async for r in client.send_message(user_message("go"))]
+                task = answer[0].task.id
+                config = ParseDict(
+                    {
+                        "taskId": task,
+                        "id": "c",
+                        "url": "http://127.0.0.1:9/hook",
+                        "authentication": {"scheme": "Bearer", "credentials": "secret"},
+                    },
+                    TaskPushNotificationConfig(),
+                )
+                sent = _with_unknown_fields(config, size)
+                assert sent.ByteSize() > 2 * size
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                echoed = await stub.CreateTaskPushNotificationConfig(sent)
+            listed = await rpc(server.url, "ListTaskPushNotificationConfigs", {"taskId": task})
+    assert echoed.ByteSize() < 1024
+    assert [c["authentication"]["credentials"] for c in listed["result"]["configs"]] == ["secret"]
+    assert db.stat().st_size + sum(p.stat().st_size for p in tmp_path.glob("role.db-*")) < size
+
+
 async def test_push_configs_kept_in_memory_are_limited_too() -> None:
     configs = open_push_config_store(object(), LIMITS)
     context = ServerCallContext()
@@ -399,6 +470,10 @@ async def test_push_configs_kept_in_memory_are_limited_too() -> None:
     with pytest.raises(InvalidParamsError, match="4 per caller"):
         await configs.set_info("t2", TaskPushNotificationConfig(id="c1", url="u"), context)
     assert len(await configs.get_info_for_dispatch("t1")) == 3
+    fresh = open_push_config_store(object(), LIMITS)
+    odd = _with_unknown_fields(TaskPushNotificationConfig(id="c9", url="u"), 100_000)
+    await fresh.set_info("t9", odd, context)
+    assert [c.ByteSize() < 100 for c in await fresh.get_info_for_dispatch("t9")] == [True]
 
 
 def test_push_limits_come_from_the_flags_else_the_environment(

@@ -1,5 +1,5 @@
 """What a client without a token can cost a server: bodies it announces,
-request heads it trickles.
+request heads (and unread bodies) it trickles, answers it does not read.
 
 Real servers on 127.0.0.1 (the orchestrator's, which has every kind of
 route: A2A, its HTTP API, the web view, push webhooks) and raw sockets, to
@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +24,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from test_ui import orchestrator
 
@@ -103,9 +105,22 @@ async def _card(request: Request) -> JSONResponse:
     return JSONResponse({"name": "card"})
 
 
+ASSET = 512 * 1024
+
+
+async def _asset(request: Request) -> Response:
+    """A public answer of some size (the web view's script is one)."""
+    return Response(b"a" * ASSET, media_type="text/javascript")
+
+
 @asynccontextmanager
 async def _served(**options: Any) -> AsyncIterator[int]:
-    app = Starlette(routes=[Route("/.well-known/agent-card.json", _card)])
+    app = Starlette(
+        routes=[
+            Route("/.well-known/agent-card.json", _card),
+            Route("/ui/static/ui.js", _asset),
+        ]
+    )
     sock = bind_socket("127.0.0.1", 0)
     async with anyio.create_task_group() as tg:
         yield await tg.start(functools.partial(serve, app, sock, **options))
@@ -184,3 +199,131 @@ async def test_past_the_pending_heads_cap_the_longest_waiting_is_closed() -> Non
     assert all(reply.startswith(b"HTTP/1.1 408") for reply in evicted)
     assert kept.cancel_called  # the sixth oldest still waits: only as many closed as needed
     assert max(latencies) < 1.0
+
+
+async def test_the_rest_of_a_body_answered_unread_cannot_be_trickled_for_ever() -> None:
+    # A response sent before its request's body (as the web view's assets
+    # and the login form are, to anyone): uvicorn read on to discard the
+    # announced body, and its keep-alive timer stopped at the first byte of
+    # it, so a byte a second held the connection for ever.
+    deadline = 1.5
+    with anyio.fail_after(30):
+        async with _served(head_timeout=deadline) as port:
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            async with stream:
+                await stream.send(
+                    b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Length: 1000000000\r\n\r\n"
+                )
+                answer = await _head_of_answer(stream)
+                answered = anyio.current_time()
+                late = b""
+                with anyio.move_on_after(8) as held:
+                    with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                        while True:
+                            await stream.send(b"x")
+                            with anyio.move_on_after(0.3):
+                                late += await stream.receive()
+                closed_after = anyio.current_time() - answered
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert not held.cancel_called, "the connection was still open 8 s after its answer"
+    assert deadline - 0.2 <= closed_after < deadline + 1.5
+    assert b"408" not in late  # its request was answered: no second response
+
+
+def _pipelined_unread(port: int, count: int, unread_for: float) -> tuple[int, str]:
+    """Ask for the asset `count` times at once, read nothing for `unread_for`
+    seconds, then read: the bytes received and how the connection ended."""
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"GET /ui/static/ui.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * count)
+        time.sleep(unread_for)
+        return _read_to_the_end(client)
+
+
+def _read_to_the_end(client: socket.socket) -> tuple[int, str]:
+    """The bytes `client` still receives, and how its connection ends
+    ("open": nothing for 3 s)."""
+    client.settimeout(3)
+    received = 0
+    try:
+        while chunk := client.recv(65536):
+            received += len(chunk)
+    except ConnectionResetError:
+        return received, "reset"
+    except TimeoutError:
+        return received, "open"
+    return received, "closed"
+
+
+async def test_a_client_that_reads_no_answer_is_dropped_at_the_write_deadline() -> None:
+    # Requests for a public asset, pipelined, their answers never read: the
+    # server waited for ever for room in the socket, the connection and
+    # megabytes of kernel buffers held without a token.
+    count = 40
+    with anyio.fail_after(30):
+        async with _served(write_timeout=1.0) as port:
+            received, ended = await anyio.to_thread.run_sync(_pipelined_unread, port, count, 3.0)
+    assert ended in ("reset", "closed"), (received, ended)
+    assert received < count * ASSET / 2
+
+
+async def _closing(request: Request) -> Response:
+    """An answer after which the server closes the connection (as a 401 does),
+    of the size asked for in kibibytes."""
+    size = int(request.query_params.get("kib", "32")) * 1024
+    return Response(b"a" * size, headers={"connection": "close"})
+
+
+async def test_a_closed_connection_whose_client_reads_nothing_is_let_go() -> None:
+    # Closing waits until the unsent bytes are sent: a client that read
+    # nothing held the socket for ever, with too few bytes left to pause
+    # writing (and start the write deadline). Small kernel buffers on both
+    # sides (accepted sockets inherit the listening one's) stand in for
+    # full ones.
+    app = Starlette(routes=[Route("/x", _closing)])
+    sock = bind_socket("127.0.0.1", 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    with anyio.fail_after(30), socket.socket() as client:
+        async with anyio.create_task_group() as tg:
+            options = {"write_timeout": 1.0}
+            port = await tg.start(functools.partial(serve, app, sock, **options))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            client.connect(("127.0.0.1", port))
+            client.sendall(b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            await anyio.sleep(3)
+            received, ended = await anyio.to_thread.run_sync(_read_to_the_end, client)
+            tg.cancel_scope.cancel()
+    assert ended == "reset", (received, ended)
+    assert received < 32 * 1024
+
+
+async def test_reading_a_little_of_a_closed_connections_answer_buys_no_time() -> None:
+    # The client reads most of a large last answer (enough for writing to
+    # resume) and then nothing: resuming must not cancel the deadline of a
+    # connection already closed, or the rest waits for ever.
+    app = Starlette(routes=[Route("/x", _closing)])
+    sock = bind_socket("127.0.0.1", 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    size = 256 * 1024
+
+    def read_most_then_stop(client: socket.socket) -> int:
+        received = 0
+        while received < size - 20 * 1024:
+            received += len(client.recv(4096))
+        return received
+
+    with anyio.fail_after(30), socket.socket() as client:
+        async with anyio.create_task_group() as tg:
+            options = {"write_timeout": 1.5}
+            port = await tg.start(functools.partial(serve, app, sock, **options))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            client.connect(("127.0.0.1", port))
+            client.sendall(f"GET /x?kib={size // 1024} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+            first = await anyio.to_thread.run_sync(read_most_then_stop, client)
+            await anyio.sleep(3)
+            rest, ended = await anyio.to_thread.run_sync(_read_to_the_end, client)
+            tg.cancel_scope.cancel()
+    assert ended == "reset", (first, rest, ended)
+    assert first + rest < size

@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 import httpx
 import pytest
-from a2a.types import SendMessageRequest, a2a_pb2_grpc
+from a2a.types import SendMessageRequest, SubscribeToTaskRequest, a2a_pb2_grpc
 from google.protobuf.json_format import ParseDict
 from test_ui import TOKEN, logged_in
 
@@ -192,3 +192,71 @@ def test_stream_limits_come_from_the_flags_else_the_environment(
         StreamLimits.from_settings()
     with pytest.raises(ConfigError, match="at least 1"):
         StreamLimits.from_settings(0, 1)
+
+
+async def test_a_stream_gives_its_slot_back_however_it_ends(tmp_path: Path) -> None:
+    # One slot per caller: a slot kept by any way a stream can end would
+    # refuse every later stream of this caller, for good.
+    async with (
+        served(tmp_path, StreamLimits(per_caller=1, per_server=100)) as server,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        assert server.grpc_address is not None
+        with anyio.fail_after(90):
+            endings: list[str] = []
+
+            async def fits_again(after: str) -> None:
+                """One more stream opens (a slot freed late is waited for a little)."""
+                with anyio.fail_after(5):
+                    while True:
+                        async with AsyncExitStack() as again:
+                            try:
+                                await open_stream(again, http, server.url)
+                                break
+                            except AssertionError:
+                                await anyio.sleep(0.1)
+                endings.append(after)
+
+            async with AsyncExitStack() as held:
+                first = await open_stream(held, http, server.url)
+            task = first.split('"id": "', 1)[1].split('"', 1)[0]
+            await fits_again("client closed a JSON-RPC send stream")
+            subscribe = {"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask"}
+            async with http.stream(
+                "POST", server.url, json={**subscribe, "params": {"id": task}}, headers=V1
+            ) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        break
+            await fits_again("client closed a JSON-RPC subscription")
+            async with http.stream(
+                "GET", f"{server.url}/rest/tasks/{task}:subscribe", headers=V1
+            ) as response:
+                assert response.status_code == 200
+            await fits_again("client closed an HTTP+JSON subscription")
+            unknown = await http.post(
+                server.url, json={**subscribe, "params": {"id": "no-such-task"}}, headers=V1
+            )
+            assert "Task not found" in unknown.text
+            await fits_again("subscription to an unknown task refused")
+            async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                call = stub.SendStreamingMessage(ParseDict(message(), SendMessageRequest()))
+                await call.read()
+                call.cancel()
+                await fits_again("gRPC send stream cancelled")
+                watch = stub.SubscribeToTask(SubscribeToTaskRequest(id=task))
+                await watch.read()
+                watch.cancel()
+                await fits_again("gRPC subscription cancelled")
+            cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task}}
+            async with AsyncExitStack() as held:
+                body = {**subscribe, "params": {"id": task}}
+                response = await held.enter_async_context(
+                    http.stream("POST", server.url, json=body, headers=V1)
+                )
+                assert (await http.post(server.url, json=cancel, headers=V1)).status_code == 200
+                ended = [line async for line in response.aiter_lines() if line.startswith("data:")]
+            await fits_again("task canceled under its subscription")
+    assert any("TASK_STATE_CANCELED" in line for line in ended)
+    assert len(endings) == 7
