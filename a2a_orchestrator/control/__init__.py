@@ -1,0 +1,1 @@
+"""What a parent does with its children: the control plane, supervision, the pipeline."""

@@ -1,0 +1,1 @@
+"""The delegation interface, its transports, and a parent's session of children."""

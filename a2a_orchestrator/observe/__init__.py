@@ -1,0 +1,1 @@
+"""Observing the network at work: OpenTelemetry tracing and Prometheus metrics."""

@@ -1,0 +1,1 @@
+"""The orchestrator: the network as one A2A agent, its HTTP API and its views."""

@@ -1,0 +1,1 @@
+"""The A2A wire: child events as frames, read back, whole numbers, cards, guards."""

@@ -1,0 +1,1 @@
+"""One conversation: a role over a model and its tools, its events, records and rules."""

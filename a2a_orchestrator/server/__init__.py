@@ -1,0 +1,1 @@
+"""The role server, shaped like a2a-sdk's server/: app, executor, handler, serving."""

@@ -1,0 +1,1 @@
+"""Who may call a server, how a caller proves it, and how much each may take."""

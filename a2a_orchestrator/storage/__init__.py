@@ -1,0 +1,1 @@
+"""Where the network keeps what it must not lose: sessions, tasks, journals, leases."""
