@@ -78,7 +78,7 @@ from a2a_orchestrator.runtime.events import (
 )
 from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.runtime.transcript import INTERRUPTED_CALL
-from a2a_orchestrator.server.app import app as server_module
+from a2a_orchestrator.server import app as server_module
 from a2a_orchestrator.server.app import build_card, run_role_server
 from a2a_orchestrator.storage.store import Store
 

@@ -19,8 +19,8 @@ from a2a_orchestrator.models import (
     ToolSpec,
     Usage,
 )
+from a2a_orchestrator.runtime import conversation as runtime
 from a2a_orchestrator.runtime.conversation import DELTA_INTERVAL, Conversation
-from a2a_orchestrator.runtime.conversation import conversation as runtime
 from a2a_orchestrator.runtime.events import (
     AssistantMessage,
     ChildEvent,

@@ -285,7 +285,7 @@ async def test_a_role_server_writes_a_turn_at_its_tool_results_and_its_end(
     tool's result and the end of the turn are, each with every frame before."""
     from test_server import collect, task_id_of, user_message
 
-    from a2a_orchestrator.server.app import app as server_module
+    from a2a_orchestrator.server import app as server_module
     from a2a_orchestrator.storage import taskstore
 
     # Real time would let the timer write a held frame on a loaded machine;
