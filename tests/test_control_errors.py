@@ -22,8 +22,8 @@ import pytest
 from test_control import behaviour
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.control.parent import ParentAgent, control_tools
-from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.control.parent import ParentAgent
+from a2a_orchestrator.control.plane import ControlPlane, control_tools
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session

@@ -23,8 +23,7 @@ from conftest import role_server
 from test_control import behaviour, plane_for
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.control.parent import control_tools
-from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.control.plane import ControlPlane, control_tools
 from a2a_orchestrator.control.supervisor import Supervisor, supervisor_tool
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session

@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from a2a_orchestrator.cli.commands.serve import access_of
-from a2a_orchestrator.cli.main import build_parser
+from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from a2a_orchestrator import Delegate, MemoryDelegate
-from a2a_orchestrator.delegation.base import CANCELED_TEXT, ChildConfig, ChildHandle
+from a2a_orchestrator.delegation.base import ChildConfig, ChildHandle
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.delegation.transports.memory import Handler, Turn
@@ -29,6 +29,7 @@ from a2a_orchestrator.runtime.events import (
     ToolCalled,
     ToolResult,
 )
+from a2a_orchestrator.runtime.render import CANCELED_TEXT
 from a2a_orchestrator.runtime.selectors import Selector
 from a2a_orchestrator.storage.store import Store
 

@@ -16,7 +16,8 @@ from test_cli import OFFLINE, serve_process, subcommands
 from test_server import user_message
 
 from a2a_orchestrator.cli.commands.serve import ORCHESTRATOR_ONLY, ROLE_ONLY
-from a2a_orchestrator.cli.main import build_parser, main
+from a2a_orchestrator.cli.main import main
+from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.orchestrator.app import MODE_KEY
 
 # The options both kinds read, each checked to reach both where it is not

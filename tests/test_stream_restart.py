@@ -40,7 +40,6 @@ from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import RelayedEvent, Session
 from a2a_orchestrator.models import OpenAIModel
 from a2a_orchestrator.orchestrator.app import run_orchestrator_server
-from a2a_orchestrator.orchestrator.view import RESTART_MARK
 from a2a_orchestrator.protocol.decoding import transcript_from_history
 from a2a_orchestrator.protocol.wire import EVENT_KEY
 from a2a_orchestrator.runtime.events import (
@@ -50,6 +49,7 @@ from a2a_orchestrator.runtime.events import (
     MessageRestarted,
     Started,
 )
+from a2a_orchestrator.runtime.render import RESTART_MARK
 from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.server.app import run_role_server
 from a2a_orchestrator.storage.store import Store

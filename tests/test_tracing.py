@@ -41,7 +41,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from test_delegation import session_for
 
-from a2a_orchestrator.cli.main import build_parser, service_name
+from a2a_orchestrator.cli.main import service_name
+from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.observe import tracing
 from a2a_orchestrator.runtime.events import Done

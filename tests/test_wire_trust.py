@@ -27,7 +27,7 @@ from a2a.types import SendMessageRequest, TaskState
 from conftest import a2a_client
 
 from a2a_orchestrator.cli.commands.serve import _server_limits
-from a2a_orchestrator.cli.main import build_parser
+from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec
 from a2a_orchestrator.delegation.transports.local import LocalDelegate

@@ -5,14 +5,14 @@ An LLM (or a scripted model) orchestrates by calling `agent`, `agent_manage`,
 one-child form); its inbox receives each child's rendered FINAL_ANSWER,
 absorbed at its step boundaries. A role gets only the control tools it lists,
 and children get none unless the nesting depth allows (`max_depth`, default 1).
-Every error a tool meets is that tool's result (`control.as_tool`): the
+Every error a tool meets is that tool's result (`plane.as_tool`): the
 parent's turn goes on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import anyio
@@ -26,118 +26,18 @@ from ..runtime.factory import role_conversation
 from ..runtime.records import RecordKind, transcript_entries
 from ..runtime.roles import Role, find_role
 from ..runtime.transcript import rebuild_transcript
-from ..tools import Tool
 from .plane import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_DEPTH,
     WAIT_BOUNDS_MS,
     ControlPlane,
-    as_tool,
+    control_tools,
 )
 from .supervisor import Supervisor, supervisor_tool
 
-__all__ = ["ParentAgent", "control_tools"]
+__all__ = ["ParentAgent"]
 
 logger = logging.getLogger(__name__)
-
-_AGENT_ITEM = {
-    "type": "object",
-    "properties": {
-        "role": {"type": "string", "description": "Agent name or role, e.g. coder."},
-        "prompt": {"type": "string", "description": "The task for this child."},
-        "model": {"type": "string", "description": "Only if a specific model is required."},
-        "tools": {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": "A subset of the role's tools.",
-        },
-        "system_prompt": {"type": "string", "description": "Replaces the role's prompt."},
-    },
-    "required": ["role", "prompt"],
-}
-
-
-def _tool(
-    name: str,
-    description: str,
-    properties: dict[str, Any],
-    required: list[str],
-    call: Callable[[dict[str, Any]], Awaitable[Any]],
-) -> Tool:
-    parameters = {"type": "object", "properties": properties, "required": required}
-    return as_tool(name, description, parameters, call)
-
-
-def control_tools(plane: ControlPlane) -> dict[str, Tool]:
-    """The control-plane operations as tools for a parent's model."""
-
-    async def spawn_agent(args: dict[str, Any]) -> Any:
-        handle = await plane.spawn_agent(
-            str(args["name"]),
-            str(args["prompt"]),
-            model=args.get("model"),
-            system_prompt=args.get("system_prompt"),
-        )
-        return {"child_id": handle.child_id, "role": handle.role}
-
-    tools = [
-        _tool(
-            "agent",
-            "Start one or more sub-agents at once. Returns immediately with their "
-            "child ids; their results arrive in your context when they finish.",
-            {"agents": {"type": "array", "items": _AGENT_ITEM}},
-            ["agents"],
-            lambda a: plane.agent(a["agents"]),
-        ),
-        _tool(
-            "agent_manage",
-            "Optionally send messages to children ({role or child_id: text}), then "
-            "wait until a child finishes a turn; returns every child's status, with "
-            "the message of those that are idle (a result or a question).",
-            {"messages": {"type": "object", "additionalProperties": {"type": "string"}}},
-            [],
-            lambda a: plane.agent_manage(a.get("messages")),
-        ),
-        _tool(
-            "wait_agent",
-            "Wait for one child to finish, only when its result blocks your next step. "
-            "timeout_ms is clamped to [10000, 3600000] (default 30000). Returns "
-            "completed, failed or timeout; a timeout does not stop the child.",
-            {"child_id": {"type": "string"}, "timeout_ms": {"type": "integer"}},
-            ["child_id"],
-            lambda a: plane.wait_agent(str(a["child_id"]), a.get("timeout_ms")),
-        ),
-        _tool(
-            "send_message",
-            "Send a message to a child: a running child reads it at its next step, "
-            "an idle one (or one whose turn just ended) starts a new turn with it. "
-            "An aborted child takes no messages.",
-            {"child_id": {"type": "string"}, "text": {"type": "string"}},
-            ["child_id", "text"],
-            lambda a: plane.send_message(str(a["child_id"]), str(a["text"])),
-        ),
-        _tool(
-            "agent_abort",
-            "Abort children, named by child id or role, running or idle: they stop "
-            "for good and take no more messages.",
-            {"abort": {"type": "array", "items": {"type": "string"}}},
-            ["abort"],
-            lambda a: plane.agent_abort([str(t) for t in a["abort"]]),
-        ),
-        _tool(
-            "spawn_agent",
-            "Start one sub-agent (name = agent or role). Returns its child id at once.",
-            {
-                "name": {"type": "string"},
-                "prompt": {"type": "string"},
-                "model": {"type": "string"},
-                "system_prompt": {"type": "string"},
-            },
-            ["name", "prompt"],
-            spawn_agent,
-        ),
-    ]
-    return {tool.name: tool for tool in tools}
 
 
 class ParentAgent:

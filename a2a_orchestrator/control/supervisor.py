@@ -39,9 +39,9 @@ from typing import Any
 
 from ..delegation.base import ChildHandle
 from ..errors import ControlError, UnknownChildError
-from ..orchestrator.view import describe_event
 from ..runtime.events import ChildEvent, new_uuid
 from ..runtime.records import RecordKind
+from ..runtime.render import describe_event
 from ..runtime.selectors import EVENT_KINDS, Selector, event_context, render_inject
 from ..tools import Tool
 from .plane import ControlPlane, as_tool

@@ -55,7 +55,7 @@ from ..observe.tracing import ChildSpans
 from ..runtime.budgets import Budget
 from ..runtime.events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
 from ..runtime.records import RecordKind
-from ..runtime.render import NO_TERMINAL_TEXT
+from ..runtime.render import CANCELED_TEXT, INTERRUPTED_TEXT, NO_TERMINAL_TEXT
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -65,8 +65,6 @@ if TYPE_CHECKING:
     from .network import AgentSpec
 
 __all__ = [
-    "CANCELED_TEXT",
-    "INTERRUPTED_TEXT",
     "ChildConfig",
     "ChildHandle",
     "ChildRun",
@@ -130,8 +128,6 @@ class _Queued(NamedTuple):
     turn need not write that status again."""
 
 
-CANCELED_TEXT = "canceled by request"
-INTERRUPTED_TEXT = "interrupted by the parent"
 _CANCEL_GRACE = 15.0  # how long cancel() waits for the turn to end
 
 

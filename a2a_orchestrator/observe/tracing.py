@@ -48,7 +48,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._version import __version__
 from ..errors import ConfigError
@@ -59,8 +59,6 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
-
-    from ..delegation.base import ChildHandle
 
 __all__ = [
     "ChildSpans",
@@ -203,7 +201,7 @@ class _SaidOnce(logging.Filter):
         if self.said:
             return False
         self.said = True
-        record.name = "a2a_orchestrator.tracing"
+        record.name = __name__  # this module, as if it had said it
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.msg, record.args, record.exc_info = (
             "spans cannot be exported to %s; they are dropped (said once; -v shows each failure)",
@@ -337,6 +335,32 @@ def session_span(session_id: str, title: str) -> Iterator[Context]:
         yield context.get_current()
 
 
+class Child(Protocol):
+    """What a child's spans read of it: a delegation `ChildHandle`, named
+    here by shape so tracing does not import the delegation layer."""
+
+    @property
+    def child_id(self) -> str: ...
+
+    @property
+    def agent(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def transport(self) -> str: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def last_terminal(self) -> ChildEvent | None: ...
+
+
 class ChildSpans:
     """A child's spans on its parent's side: `child` from spawn (or a new
     input after it settled) until it settles, and a `turn` per turn.
@@ -345,7 +369,7 @@ class ChildSpans:
     spawned (a parent's tool call, the orchestrator's served turn) or, when
     none is, `fallback` (its session's context)."""
 
-    def __init__(self, handle: ChildHandle, fallback: Context | None = None) -> None:
+    def __init__(self, handle: Child, fallback: Context | None = None) -> None:
         from opentelemetry import context, trace
 
         current = context.get_current()

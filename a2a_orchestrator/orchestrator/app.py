@@ -68,6 +68,7 @@ from ..protocol.cards import CardOptions
 from ..protocol.wire import EVENT_KEY, event_to_wire, metadata_of, publish
 from ..runtime.budgets import PriceTable, Spend
 from ..runtime.events import ChildEvent, Done, Failed, InputRequired, MessageDelta, Started
+from ..runtime.render import describe_event
 from ..server.app import (
     RunningServer,
     agent_card,
@@ -92,7 +93,6 @@ from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .api import OWNER_KEY, api_routes
 from .ui import ui_routes
 from .ui_auth import BrowserLogin
-from .view import describe_event
 
 if TYPE_CHECKING:
     from ..observe.metrics import Metrics

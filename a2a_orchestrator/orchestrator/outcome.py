@@ -15,12 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..cli.defaults import NO_SIGNAL
 from ..control.pipeline import PROGRESS_KEY, extract_signal
 from ..runtime.records import RecordKind
 from ..storage.store import TURN_END_KINDS, Store
 
-__all__ = ["Outcome", "RunKind", "outcome_of"]
+__all__ = ["NO_SIGNAL", "Outcome", "RunKind", "outcome_of"]
+
+NO_SIGNAL = "no signal"
+"""What `status`, `run --parent` and the web view say of a parent agent's
+answer that ends with no `TASK_*` line: it did not say how the task went."""
 
 RunKind = Literal["pipeline", "parent", "none"]
 """What runs a session: a pipeline, a parent agent, or nothing yet (a

@@ -56,6 +56,7 @@ from ..delegation.session import Session
 from ..runtime.budgets import Spend
 from ..runtime.events import CHILD_EVENT_KINDS, event_from_dict
 from ..runtime.records import RecordKind
+from ..runtime.render import describe_event
 from ..server.middleware import owner_of
 from ..server.streams import StreamSlots
 from ..storage.store import ROOT_ID, ChildRecord, Store, StoredEvent
@@ -63,7 +64,6 @@ from .api import visible_to
 from .outcome import outcome_of
 from .ui_auth import CSRF_SCOPE_KEY
 from .ui_story import ROOT_PATH, Story, elapsed, frame, header, one_line, root_record
-from .view import describe_event
 
 __all__ = ["MAX_SESSIONS", "POLL_SECONDS", "ui_routes"]
 

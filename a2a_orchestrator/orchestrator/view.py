@@ -29,7 +29,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..runtime.events import (
     AssistantMessage,
-    ChildEvent,
     Done,
     Failed,
     InputRequired,
@@ -39,6 +38,7 @@ from ..runtime.events import (
     ToolCalled,
     ToolResult,
 )
+from ..runtime.render import RESTART_MARK, describe_event
 
 if TYPE_CHECKING:
     # Only in annotations: the CLI shows stored events without loading the session.
@@ -48,43 +48,12 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.tree import Tree
 
-__all__ = ["RESTART_MARK", "LiveTree", "describe_event"]
+__all__ = ["LiveTree"]
 
 T = TypeVar("T")
 
-RESTART_MARK = "(stream cut; restarted)"
-"""What a view says where a message's text was withdrawn and begun again."""
-
 _WORKING = (Started, MessageDelta, MessageRestarted, AssistantMessage, ToolCalled, ToolResult)
 """Events of a child at work (its row says running)."""
-
-
-def _short(text: str, width: int = 48) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def describe_event(event: ChildEvent) -> str:
-    """A few words about an event, for one line of a view."""
-    match event:
-        case Started(model=model):
-            return f"started{f' ({model})' if model else ''}"
-        case MessageDelta(text=text) | AssistantMessage(text=text):
-            return f'says "{_short(text)}"'
-        case MessageRestarted():
-            return f"text withdrawn {RESTART_MARK}"
-        case ToolCalled(tool=tool, arguments=arguments):
-            detail = arguments.get("path") or arguments.get("command") or arguments.get("pattern")
-            return f"calls {tool}" + (f" {_short(str(detail), 40)}" if detail else "")
-        case ToolResult(tool=tool, success=success):
-            return f"{tool} {'ok' if success else 'FAILED'}"
-        case InputRequired(question=question):
-            return f'asks "{_short(question)}"'
-        case Done(text=text):
-            return f'done "{_short(text)}"'
-        case Failed(reason=reason, message=message):
-            return f"failed ({reason}) {_short(message)}"
-    return event.kind
 
 
 @dataclass

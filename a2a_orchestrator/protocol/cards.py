@@ -46,8 +46,8 @@ from jwt import PyJWKSet
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 from jwt.exceptions import PyJWKError, PyJWKSetError
 
-from ..cli.defaults import PROTOCOLS
 from ..errors import ConfigError, UntrustedCardError
+from .versions import PROTOCOLS
 
 __all__ = [
     "CARD_KEY_ENV",

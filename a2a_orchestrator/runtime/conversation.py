@@ -66,7 +66,6 @@ import anyio
 from ..errors import ModelError, ToolError
 from ..models.base import ChatMessage, Model, Restart, TextDelta, ToolCall, ToolSpec, Usage
 from ..observe import tracing
-from ..storage.journal import CallJournal
 from ..tools.base import CallScope, Tool, current_call
 from .budgets import Budget, Meter, Price, Spend
 from .events import (
@@ -83,6 +82,7 @@ from .events import (
     ToolResult,
 )
 from .instruments import observed_emit, observed_stream
+from .journal import Journal
 
 __all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "Conversation", "Emit"]
 
@@ -123,7 +123,7 @@ class Conversation:
         timeout: float = DEFAULT_TIMEOUT,
         role: str = "",
         messages: Sequence[ChatMessage] | None = None,
-        journal: CallJournal | None = None,
+        journal: Journal | None = None,
         budget: Budget | None = None,
         price: Price | None = None,
         spent: Spend | None = None,

@@ -13,16 +13,16 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ..delegation.base import INTERRUPTED_TEXT
 from ..errors import ConfigError
 from ..models.base import ChatMessage, Model
 from ..models.config import limit_model
-from ..storage.journal import CallJournal
 from ..tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
 from .budgets import PriceTable, Spend
 from .conversation import ASK_PARENT, Conversation
 from .events import ChildEvent, Done, Failed, InputRequired
+from .journal import Journal
 from .overrides import Overrides, parse_overrides
+from .render import INTERRUPTED_TEXT
 from .roles import Role
 
 __all__ = [
@@ -68,7 +68,7 @@ def role_conversation(
     extra_tools: Mapping[str, Tool] | None = None,
     messages: Sequence[ChatMessage] | None = None,
     command_timeout: float | None = None,
-    journal: CallJournal | None = None,
+    journal: Journal | None = None,
     sandbox: Sandbox | None = None,
     prices: PriceTable | None = None,
     spent: Spend | None = None,

@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .events import CHILD_EVENT_KINDS, ChildEvent, event_from_dict
 
-if TYPE_CHECKING:
-    from ..storage.store import StoredEvent  # the store knows nothing of record kinds
+__all__ = ["RecordKind", "StoredRow", "transcript_entries"]
 
-__all__ = ["RecordKind", "transcript_entries"]
+
+class StoredRow(Protocol):
+    """What the reader needs of a stored row: a store's `StoredEvent`, named
+    here by shape (the store knows nothing of record kinds, nor the runtime
+    of the store)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def payload(self) -> dict[str, Any]: ...
 
 
 class RecordKind(enum.StrEnum):
@@ -51,7 +60,7 @@ _CONVERSATION_INPUTS = frozenset(
 """Records whose text the conversation read (the rest are records only)."""
 
 
-def transcript_entries(rows: Iterable[StoredEvent]) -> list[str | ChildEvent]:
+def transcript_entries(rows: Iterable[StoredRow]) -> list[str | ChildEvent]:
     """A conversation's entries for `transcript.rebuild_transcript`, in order:
     the text of each input it read, and its child events. Other records
     (control actions, failed injections) are left out, and so is an

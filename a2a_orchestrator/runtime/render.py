@@ -1,4 +1,5 @@
-"""How a child's outcome reaches its parent: terminal texts and FINAL_ANSWER.
+"""How a child's outcome reaches its parent: terminal texts and FINAL_ANSWER;
+and the few words any view or tool says of one event (`describe_event`).
 
 Terminal normalisation: whatever way a child ended, the parent gets one of
 two shapes, completed (the child's text, or a fixed text when it said
@@ -12,18 +13,33 @@ full result stays in the store, retrievable by child id.
 from __future__ import annotations
 
 from .budgets import Spend
-from .events import ChildEvent, Done, Failed
+from .events import (
+    AssistantMessage,
+    ChildEvent,
+    Done,
+    Failed,
+    InputRequired,
+    MessageDelta,
+    MessageRestarted,
+    Started,
+    ToolCalled,
+    ToolResult,
+)
 from .tokens import count_tokens, prefix_within
 
 __all__ = [
     "ABORTED_TEXT",
+    "CANCELED_TEXT",
     "DID_NOT_FINISH",
     "EMPTY_OUTPUT_TEXT",
+    "INTERRUPTED_TEXT",
     "NO_TERMINAL_TEXT",
     "PAYLOAD_TOKEN_BUDGET",
+    "RESTART_MARK",
     "STEP_BUDGET_TEXT",
     "TRUNCATED",
     "count_tokens",
+    "describe_event",
     "normalise",
     "render_final_answer",
     "truncate_to_budget",
@@ -36,6 +52,10 @@ NO_TERMINAL_TEXT = "subagent stream ended without a terminal frame"
 DID_NOT_FINISH = "The subagent did not finish. Spawn it again if the task is still needed."
 TRUNCATED = "…[truncated]"
 PAYLOAD_TOKEN_BUDGET = 900
+CANCELED_TEXT = "canceled by request"
+INTERRUPTED_TEXT = "interrupted by the parent"
+RESTART_MARK = "(stream cut; restarted)"
+"""What a view says where a message's text was withdrawn and begun again."""
 
 _CLOSING = f"\n\n{DID_NOT_FINISH}"
 
@@ -93,3 +113,31 @@ def render_final_answer(
         "Payload:\n"
         f"{truncate_to_budget(payload)}"
     )
+
+
+def _short(text: str, width: int = 48) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def describe_event(event: ChildEvent) -> str:
+    """A few words about an event, for one line of a view."""
+    match event:
+        case Started(model=model):
+            return f"started{f' ({model})' if model else ''}"
+        case MessageDelta(text=text) | AssistantMessage(text=text):
+            return f'says "{_short(text)}"'
+        case MessageRestarted():
+            return f"text withdrawn {RESTART_MARK}"
+        case ToolCalled(tool=tool, arguments=arguments):
+            detail = arguments.get("path") or arguments.get("command") or arguments.get("pattern")
+            return f"calls {tool}" + (f" {_short(str(detail), 40)}" if detail else "")
+        case ToolResult(tool=tool, success=success):
+            return f"{tool} {'ok' if success else 'FAILED'}"
+        case InputRequired(question=question):
+            return f'asks "{_short(question)}"'
+        case Done(text=text):
+            return f'done "{_short(text)}"'
+        case Failed(reason=reason, message=message):
+            return f"failed ({reason}) {_short(message)}"
+    return event.kind

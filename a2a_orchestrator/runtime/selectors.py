@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from ..delegation.base import ChildHandle
 from ..errors import ControlError
 from .events import (
     AssistantMessage,
@@ -26,7 +25,19 @@ from .events import (
 )
 from .templates import render_inject
 
-__all__ = ["EVENT_KINDS", "Selector", "event_content", "event_context", "render_inject"]
+__all__ = ["EVENT_KINDS", "Child", "Selector", "event_content", "event_context", "render_inject"]
+
+
+class Child(Protocol):
+    """What a selector reads of a child: a delegation `ChildHandle`, named
+    here by shape so the runtime does not import the delegation layer."""
+
+    @property
+    def child_id(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
 
 EVENT_KINDS = {
     "tool_call": "tool_called",
@@ -41,7 +52,7 @@ EVENT_KINDS = {
 whose reason is an error, not a budget, an abort or a timeout)."""
 
 
-def event_context(handle: ChildHandle, event: ChildEvent) -> dict[str, Any]:
+def event_context(handle: Child, event: ChildEvent) -> dict[str, Any]:
     """What a template sees as `event`: the event's fields, its child, and `content`."""
     context = event_to_dict(event)
     context.pop("uuid", None)
@@ -94,7 +105,7 @@ class Selector:
                 raise ControlError(f"event selector: {name} must be a string")
         return cls(kind=kind, tool=data.get("tool"), success=success, contains=data.get("contains"))
 
-    def matches(self, handle: ChildHandle, event: ChildEvent) -> bool:
+    def matches(self, handle: Child, event: ChildEvent) -> bool:
         """Whether `handle`'s `event` is selected (see `selects`)."""
         return self.selects(event)
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 from ...delegation.runner import liveness
 from ...orchestrator.outcome import outcome_of
-from ...orchestrator.view import describe_event
 from ...runtime.budgets import Spend
 from ...runtime.events import CHILD_EVENT_KINDS, event_from_dict
+from ...runtime.render import describe_event
 from ...storage.store import ROOT_ID
 from .common import child_id_of, existing_store, runner_name, say, session_id_of
 

@@ -268,7 +268,6 @@ class _Output:
         print(text, flush=True)
 
     def event(self, agent: str, event: Any) -> None:
-        from ...orchestrator.view import describe_event
         from ...runtime.events import (
             AssistantMessage,
             Done,
@@ -276,6 +275,7 @@ class _Output:
             MessageDelta,
             event_to_dict,
         )
+        from ...runtime.render import describe_event
 
         if isinstance(event, MessageDelta):
             if self.live:

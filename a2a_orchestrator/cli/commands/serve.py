@@ -100,12 +100,12 @@ async def serve(args: argparse.Namespace) -> int:
     )
     if args.role == "orchestrator":
         from ...orchestrator.app import run_orchestrator_server
-        from ..main import _store_location
+        from ..parser import store_location
 
         db = args.db or str(workdir / ".a2a" / "tasks-orchestrator.db")
         from_env = os.environ.get("A2A_STORE")
         store_path = args.store or (
-            _store_location(from_env) if from_env else workdir / ".a2a" / "orchestrator.db"
+            store_location(from_env) if from_env else workdir / ".a2a" / "orchestrator.db"
         )
         limits = _server_limits(args)
         # Hooks, reactions and policy are read beside a store file; a shared
@@ -326,7 +326,7 @@ def _lease(args: argparse.Namespace) -> float | None:
 def _refuse_foreign_options(args: argparse.Namespace) -> None:
     """An option the other kind of server reads is an error here, not ignored;
     so are two values for the one lease setting."""
-    from ..main import build_parser
+    from ..parser import build_parser
 
     _lease(args)
     orchestrator = args.role == "orchestrator"

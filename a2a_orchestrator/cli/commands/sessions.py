@@ -20,9 +20,11 @@ from ...control.pipeline import (
     extract_signal,
 )
 from ...errors import OrchestratorError
-from ...orchestrator.view import LiveTree, describe_event
+from ...orchestrator.outcome import NO_SIGNAL
+from ...orchestrator.view import LiveTree
 from ...runtime.events import ChildEvent, Done, Failed, InputRequired
-from ..defaults import EXIT_CODES, NO_SIGNAL, NO_SIGNAL_EXIT
+from ...runtime.render import describe_event
+from ..defaults import EXIT_CODES, NO_SIGNAL_EXIT
 from ..heap import settle
 
 # Annotations only: the commands import what they run (see `__init__`).

@@ -137,8 +137,9 @@ async def _stop_through_runner(
 async def _stop_without_runner(store: Store, session_id: str) -> int:
     """No process runs the session: what the store says is running is not, so
     recording it aborted is the truth (remote children get CancelTask first)."""
-    from ...delegation.base import CANCELED_TEXT, ChildConfig
+    from ...delegation.base import ChildConfig
     from ...delegation.network import AgentSpec, Network
+    from ...runtime.render import CANCELED_TEXT
 
     records = await store.list_children(session_id=session_id, statuses=["running"])
     if not records:

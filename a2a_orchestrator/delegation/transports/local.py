@@ -21,13 +21,14 @@ from ...runtime.budgets import Budget, PriceTable, Spend
 from ...runtime.conversation import Conversation
 from ...runtime.events import TERMINAL_KINDS, ChildEvent
 from ...runtime.factory import HOLD_LIMIT, apply_child_config, control, role_conversation, spent_in
+from ...runtime.render import CANCELED_TEXT
 from ...runtime.roles import find_role
 from ...runtime.selectors import Selector
 from ...runtime.transcript import rebuild_transcript
 from ...storage.journal import CallJournal, JournalRow, ToolJournal, lost_announcements, unanswered
 from ...tools import Sandbox, Tool, Workspace
 from ...tools.sandbox import STATE_DIR
-from ..base import CANCELED_TEXT, ChildConfig, Emit, IdentityListener, Resume
+from ..base import ChildConfig, Emit, IdentityListener, Resume
 from ..network import AgentSpec
 
 __all__ = ["LocalDelegate", "LocalRun", "check_sandbox", "narrow_workspace", "pick_model"]

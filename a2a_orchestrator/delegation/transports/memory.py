@@ -39,10 +39,9 @@ from ...runtime.events import (
     InputRequired,
     Started,
 )
+from ...runtime.render import CANCELED_TEXT, INTERRUPTED_TEXT
 from ...runtime.selectors import Selector
 from ..base import (
-    CANCELED_TEXT,
-    INTERRUPTED_TEXT,
     ChildConfig,
     Emit,
     IdentityListener,

@@ -87,8 +87,9 @@ from ...protocol.wire import (
 )
 from ...runtime.budgets import Budget
 from ...runtime.events import TERMINAL_KINDS, ChildEvent, Failed
+from ...runtime.render import CANCELED_TEXT
 from ...runtime.selectors import Selector
-from ..base import CANCELED_TEXT, Emit, IdentityListener
+from ..base import Emit, IdentityListener
 from ..network import AgentSpec
 from .client_errors import says_finished, translated
 
