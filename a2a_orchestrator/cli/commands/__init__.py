@@ -1,4 +1,4 @@
-"""What each `a2a-orchestrator` command does (the parser lives in `cli.py`,
+"""What each `a2a-orchestrator` command does (the parser lives in `parser.py`,
 but for `send`, whose parser is beside its handler).
 
 common     what the commands share (output, configuration files, stores)

@@ -1,7 +1,7 @@
 """The in-process transport: a child's conversation runs in this process.
 
 The same role files, tools, runtime and child-config rules as a role server
-(`conversations.py`), without HTTP; events come straight from the runtime. A
+(`runtime/factory.py`), without HTTP; events come straight from the runtime. A
 child's budget is kept by the same runtime code as on a role server; a child
 whose config names a `workdir` works in that subdirectory of the session's
 work directory. What the owner adds per child (its own control tools, the
