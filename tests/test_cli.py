@@ -22,8 +22,8 @@ from a2a.types import GetTaskRequest, SendMessageConfiguration, TaskState
 from conftest import a2a_client
 from test_server import user_message
 
+from a2a_orchestrator.cli import main
 from a2a_orchestrator.cli.defaults import EXIT_CODES
-from a2a_orchestrator.cli.main import main
 from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.control.pipeline import Signal
 

@@ -49,13 +49,13 @@ def loaded_after(code: str, cwd: Path) -> tuple[list[str], str]:
 
 
 def test_importing_the_package_and_the_cli_loads_no_server_side(tmp_path: Path) -> None:
-    loaded, _ = loaded_after("import a2a_orchestrator, a2a_orchestrator.cli.main", tmp_path)
+    loaded, _ = loaded_after("import a2a_orchestrator, a2a_orchestrator.cli", tmp_path)
     assert loaded == []
 
 
 def test_help_loads_no_server_side(tmp_path: Path) -> None:
     code = """
-from a2a_orchestrator.cli.main import main
+from a2a_orchestrator.cli import main
 try:
     main(["--help"])
 except SystemExit as exit:
@@ -76,7 +76,7 @@ def test_status_loads_no_server_side(tmp_path: Path) -> None:
 
     anyio.run(make)
     code = """
-from a2a_orchestrator.cli.main import main
+from a2a_orchestrator.cli import main
 assert main(["status", "--store", "orchestrator.db"]) == 0
 """
     loaded, printed = loaded_after(code, tmp_path)

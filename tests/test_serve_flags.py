@@ -15,8 +15,8 @@ from conftest import a2a_client
 from test_cli import OFFLINE, serve_process, subcommands
 from test_server import user_message
 
+from a2a_orchestrator.cli import main
 from a2a_orchestrator.cli.commands.serve import ORCHESTRATOR_ONLY, ROLE_ONLY
-from a2a_orchestrator.cli.main import main
 from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.orchestrator.app import MODE_KEY
 

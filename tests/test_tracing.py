@@ -41,7 +41,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from test_delegation import session_for
 
-from a2a_orchestrator.cli.main import service_name
+from a2a_orchestrator.cli.entry import service_name
 from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.observe import tracing
@@ -336,7 +336,7 @@ def test_the_sdk_spans_are_not_made_unless_asked_for(tmp_path: Path) -> None:
     unless the switch is set. Each case in a fresh interpreter, as a
     command starts."""
     code = (
-        "import os, sys; from a2a_orchestrator.cli.main import main;"
+        "import os, sys; from a2a_orchestrator.cli import main;"
         " main(['status', '--store', sys.argv[1]]);"
         " import a2a.utils.telemetry as t;"
         " print(os.environ.get('OTEL_INSTRUMENTATION_A2A_SDK_ENABLED'), t.otel_enabled)"

@@ -1,6 +1,6 @@
 """The `a2a-orchestrator` command line's parser: every command's options and help.
 
-Apart from `main.py` (the entry point) so a command's handler can read the
+Apart from `entry.py` (the entry point) so a command's handler can read the
 parser's defaults (`serve` does) without importing the entry point."""
 
 from __future__ import annotations
