@@ -15,16 +15,31 @@ import typing as _typing
 from ._version import __version__ as __version__
 
 if _typing.TYPE_CHECKING:
-    from .access import Access as Access
-    from .budgets import Budget as Budget
-    from .budgets import PriceTable as PriceTable
-    from .budgets import Spend as Spend
-    from .callers import CallerFile as CallerFile
-    from .callers import Limits as Limits
-    from .control import ControlPlane as ControlPlane
-    from .delegation import ChildConfig as ChildConfig
-    from .delegation import ChildHandle as ChildHandle
-    from .delegation import Delegate as Delegate
+    from .control.parent import ParentAgent as ParentAgent
+    from .control.pipeline import Brief as Brief
+    from .control.pipeline import PassOptions as PassOptions
+    from .control.pipeline import Pipeline as Pipeline
+    from .control.pipeline import PipelineError as PipelineError
+    from .control.pipeline import PipelineResult as PipelineResult
+    from .control.pipeline import TaskSpec as TaskSpec
+    from .control.plane import ControlPlane as ControlPlane
+    from .control.reactions import Reactions as Reactions
+    from .control.reactions import load_reactions as load_reactions
+    from .control.supervisor import Supervisor as Supervisor
+    from .delegation.base import ChildConfig as ChildConfig
+    from .delegation.base import ChildHandle as ChildHandle
+    from .delegation.base import Delegate as Delegate
+    from .delegation.hooks import Deny as Deny
+    from .delegation.hooks import Hooks as Hooks
+    from .delegation.network import AgentSpec as AgentSpec
+    from .delegation.network import Network as Network
+    from .delegation.policy import Narrow as Narrow
+    from .delegation.policy import SpawnPolicy as SpawnPolicy
+    from .delegation.policy import SpawnRequest as SpawnRequest
+    from .delegation.policy import load_policy_file as load_policy_file
+    from .delegation.session import RelayedEvent as RelayedEvent
+    from .delegation.session import Session as Session
+    from .delegation.transports import MemoryDelegate as MemoryDelegate
     from .errors import AccessError as AccessError
     from .errors import AgentUnavailableError as AgentUnavailableError
     from .errors import ConfigError as ConfigError
@@ -41,68 +56,53 @@ if _typing.TYPE_CHECKING:
     from .errors import StoreError as StoreError
     from .errors import ToolError as ToolError
     from .errors import UntrustedCardError as UntrustedCardError
-    from .events import AssistantMessage as AssistantMessage
-    from .events import ChildEvent as ChildEvent
-    from .events import Done as Done
-    from .events import Failed as Failed
-    from .events import InputRequired as InputRequired
-    from .events import MessageDelta as MessageDelta
-    from .events import MessageRestarted as MessageRestarted
-    from .events import Started as Started
-    from .events import ToolCalled as ToolCalled
-    from .events import ToolResult as ToolResult
-    from .executor import RoleExecutor as RoleExecutor
-    from .hooks import Deny as Deny
-    from .hooks import Hooks as Hooks
-    from .issuer import Issuer as Issuer
     from .models import Model as Model
     from .models import ModelSettings as ModelSettings
     from .models import OpenAIModel as OpenAIModel
     from .models import ScriptedModel as ScriptedModel
     from .models import resolve_model as resolve_model
-    from .network import AgentSpec as AgentSpec
-    from .network import Network as Network
-    from .parent import ParentAgent as ParentAgent
-    from .pipeline import Brief as Brief
-    from .pipeline import PassOptions as PassOptions
-    from .pipeline import Pipeline as Pipeline
-    from .pipeline import PipelineError as PipelineError
-    from .pipeline import PipelineResult as PipelineResult
-    from .pipeline import TaskSpec as TaskSpec
-    from .policy import Narrow as Narrow
-    from .policy import SpawnPolicy as SpawnPolicy
-    from .policy import SpawnRequest as SpawnRequest
-    from .policy import load_policy_file as load_policy_file
-    from .reactions import Reactions as Reactions
-    from .reactions import load_reactions as load_reactions
-    from .roles import Role as Role
-    from .roles import find_role as find_role
-    from .roles import list_roles as list_roles
-    from .runtime import Conversation as Conversation
-    from .server import build_app as build_app
-    from .server import build_card as build_card
-    from .server import run_role_server as run_role_server
-    from .session import RelayedEvent as RelayedEvent
-    from .session import Session as Session
-    from .store import Store as Store
-    from .supervisor import Supervisor as Supervisor
+    from .runtime.budgets import Budget as Budget
+    from .runtime.budgets import PriceTable as PriceTable
+    from .runtime.budgets import Spend as Spend
+    from .runtime.conversation import Conversation as Conversation
+    from .runtime.events import AssistantMessage as AssistantMessage
+    from .runtime.events import ChildEvent as ChildEvent
+    from .runtime.events import Done as Done
+    from .runtime.events import Failed as Failed
+    from .runtime.events import InputRequired as InputRequired
+    from .runtime.events import MessageDelta as MessageDelta
+    from .runtime.events import MessageRestarted as MessageRestarted
+    from .runtime.events import Started as Started
+    from .runtime.events import ToolCalled as ToolCalled
+    from .runtime.events import ToolResult as ToolResult
+    from .runtime.roles import Role as Role
+    from .runtime.roles import find_role as find_role
+    from .runtime.roles import list_roles as list_roles
+    from .server.app import build_app as build_app
+    from .server.app import build_card as build_card
+    from .server.app import run_role_server as run_role_server
+    from .server.auth.access import Access as Access
+    from .server.auth.callers import CallerFile as CallerFile
+    from .server.auth.callers import Limits as Limits
+    from .server.auth.issuer import Issuer as Issuer
+    from .server.executor import RoleExecutor as RoleExecutor
+    from .storage.store import Store as Store
     from .tools import Tool as Tool
     from .tools import Workspace as Workspace
     from .tools import build_tools as build_tools
-    from .transports import MemoryDelegate as MemoryDelegate
 
 # Each exported name and the submodule that defines it.
 _EXPORTS: dict[str, str] = {
-    "Access": "access",
-    "Budget": "budgets",
-    "PriceTable": "budgets",
-    "Spend": "budgets",
-    "CallerFile": "callers",
-    "Limits": "callers",
-    "ControlPlane": "control",
-    "ChildConfig": "delegation",
-    "ChildHandle": "delegation",
-    "Delegate": "delegation",
+    "Access": "server.auth.access",
+    "Budget": "runtime.budgets",
+    "PriceTable": "runtime.budgets",
+    "Spend": "runtime.budgets",
+    "CallerFile": "server.auth.callers",
+    "Limits": "server.auth.callers",
+    "ControlPlane": "control.plane",
+    "ChildConfig": "delegation.base",
+    "ChildHandle": "delegation.base",
+    "Delegate": "delegation.base",
     "AccessError": "errors",
     "AgentUnavailableError": "errors",
     "ConfigError": "errors",
@@ -119,55 +119,55 @@ _EXPORTS: dict[str, str] = {
     "StoreError": "errors",
     "ToolError": "errors",
     "UntrustedCardError": "errors",
-    "AssistantMessage": "events",
-    "ChildEvent": "events",
-    "Done": "events",
-    "Failed": "events",
-    "InputRequired": "events",
-    "MessageDelta": "events",
-    "MessageRestarted": "events",
-    "Started": "events",
-    "ToolCalled": "events",
-    "ToolResult": "events",
-    "RoleExecutor": "executor",
-    "Deny": "hooks",
-    "Hooks": "hooks",
-    "Issuer": "issuer",
+    "AssistantMessage": "runtime.events",
+    "ChildEvent": "runtime.events",
+    "Done": "runtime.events",
+    "Failed": "runtime.events",
+    "InputRequired": "runtime.events",
+    "MessageDelta": "runtime.events",
+    "MessageRestarted": "runtime.events",
+    "Started": "runtime.events",
+    "ToolCalled": "runtime.events",
+    "ToolResult": "runtime.events",
+    "RoleExecutor": "server.executor",
+    "Deny": "delegation.hooks",
+    "Hooks": "delegation.hooks",
+    "Issuer": "server.auth.issuer",
     "Model": "models",
     "ModelSettings": "models",
     "OpenAIModel": "models",
     "ScriptedModel": "models",
     "resolve_model": "models",
-    "AgentSpec": "network",
-    "Network": "network",
-    "ParentAgent": "parent",
-    "Brief": "pipeline",
-    "PassOptions": "pipeline",
-    "Pipeline": "pipeline",
-    "PipelineError": "pipeline",
-    "PipelineResult": "pipeline",
-    "TaskSpec": "pipeline",
-    "Narrow": "policy",
-    "SpawnPolicy": "policy",
-    "SpawnRequest": "policy",
-    "load_policy_file": "policy",
-    "Reactions": "reactions",
-    "load_reactions": "reactions",
-    "Role": "roles",
-    "find_role": "roles",
-    "list_roles": "roles",
-    "Conversation": "runtime",
-    "build_app": "server",
-    "build_card": "server",
-    "run_role_server": "server",
-    "RelayedEvent": "session",
-    "Session": "session",
-    "Store": "store",
-    "Supervisor": "supervisor",
+    "AgentSpec": "delegation.network",
+    "Network": "delegation.network",
+    "ParentAgent": "control.parent",
+    "Brief": "control.pipeline",
+    "PassOptions": "control.pipeline",
+    "Pipeline": "control.pipeline",
+    "PipelineError": "control.pipeline",
+    "PipelineResult": "control.pipeline",
+    "TaskSpec": "control.pipeline",
+    "Narrow": "delegation.policy",
+    "SpawnPolicy": "delegation.policy",
+    "SpawnRequest": "delegation.policy",
+    "load_policy_file": "delegation.policy",
+    "Reactions": "control.reactions",
+    "load_reactions": "control.reactions",
+    "Role": "runtime.roles",
+    "find_role": "runtime.roles",
+    "list_roles": "runtime.roles",
+    "Conversation": "runtime.conversation",
+    "build_app": "server.app",
+    "build_card": "server.app",
+    "run_role_server": "server.app",
+    "RelayedEvent": "delegation.session",
+    "Session": "delegation.session",
+    "Store": "storage.store",
+    "Supervisor": "control.supervisor",
     "Tool": "tools",
     "Workspace": "tools",
     "build_tools": "tools",
-    "MemoryDelegate": "transports",
+    "MemoryDelegate": "delegation.transports",
 }
 
 

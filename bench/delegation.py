@@ -87,17 +87,20 @@ from anyio.abc import TaskGroup
 from benchkit import collector_line, machine_line, min_median
 from starlette.applications import Starlette
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.grpc_serving import add_grpc_interfaces
-from a2a_orchestrator.metrics import Metrics
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.extensions import (
+    ExtensionsInterceptor,
+    wanted_extensions,
+)
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import build_app, open_task_store, run_role_server
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports.extensions import ExtensionsInterceptor, wanted_extensions
+from a2a_orchestrator.observe.metrics import Metrics
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import build_app, open_task_store, run_role_server
+from a2a_orchestrator.server.grpc_serving import add_grpc_interfaces
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 
 Call = Callable[[], Awaitable[None]]
 

@@ -23,12 +23,12 @@ from pathlib import Path
 import anyio
 from benchkit import collector_line, cpu_seconds, machine_line, rss_mib, start_servers, stop_servers
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done
-from a2a_orchestrator.heap import settle
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.cli.heap import settle
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.storage.store import Store
 
 # How often memory is read while the children run.
 SAMPLE_EVERY = 0.05

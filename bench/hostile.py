@@ -43,7 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import machine_line, rss_mib, start_servers, stop_servers
 
-from a2a_orchestrator.serving import HEAD_TIMEOUT, MAX_PENDING_HEADS
+from a2a_orchestrator.server.serving import HEAD_TIMEOUT, MAX_PENDING_HEADS
 
 CARD = "/.well-known/agent-card.json"
 STREAM_CAP = 32

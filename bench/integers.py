@@ -37,10 +37,10 @@ from benchkit import machine_line, min_median
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
 
-from a2a_orchestrator.budgets import Spend
-from a2a_orchestrator.events import Usage
-from a2a_orchestrator.numbers import IntegralNumbers
-from a2a_orchestrator.wire import EVENT_KEY, to_wire
+from a2a_orchestrator.protocol.numbers import IntegralNumbers
+from a2a_orchestrator.protocol.wire import EVENT_KEY, to_wire
+from a2a_orchestrator.runtime.budgets import Spend
+from a2a_orchestrator.runtime.events import Usage
 
 SSE_START = {
     "type": "http.response.start",

@@ -32,12 +32,12 @@ from typing import Any
 import anyio
 from benchkit import cpu_seconds, machine_line, start_servers, stop_servers
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done, Failed
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.storage.store import Store
 
 GOALS = {"local": 20_000, "remote": 5_000}
 

@@ -30,11 +30,11 @@ import anyio
 import httpx
 from benchkit import machine_line, start_servers, stop_servers
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.storage.store import Store
 
 # The throwaway PostgreSQL of the tests (tests/postgres.py) serves the bench too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

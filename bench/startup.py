@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 from benchkit import machine_line
 
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.storage.store import Store
 
 
 def _command() -> list[str]:

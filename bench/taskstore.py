@@ -32,9 +32,9 @@ from a2a.server.context import ServerCallContext
 from a2a.types import Role, Task, TaskState, TaskStatus
 from benchkit import machine_line, min_median
 
-from a2a_orchestrator.server import FRAME_WRITE_DELAY
-from a2a_orchestrator.taskstore import SQLiteTaskStore
-from a2a_orchestrator.wire import EVENT_KEY, write_at_once
+from a2a_orchestrator.protocol.wire import EVENT_KEY, write_at_once
+from a2a_orchestrator.server.app import FRAME_WRITE_DELAY
+from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
 
 CONTEXT = ServerCallContext(user=UnauthenticatedUser())
 

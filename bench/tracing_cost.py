@@ -42,14 +42,14 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from a2a_orchestrator import tracing
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.observe import tracing
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 
 Call = Callable[[], Awaitable[None]]
 SPANS_PER_CALL = 500

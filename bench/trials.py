@@ -56,13 +56,13 @@ import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.types import GetTaskRequest, TaskState
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done, Failed
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.procs import marked_processes
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.storage.store import Store
+from a2a_orchestrator.tools.procs import marked_processes
 
 COMMAND = "echo start >> runs.txt; sleep 1; echo end >> runs.txt"
 SETTLE = 1.5

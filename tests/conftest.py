@@ -17,10 +17,10 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory  # noqa: E402
 
-from a2a_orchestrator.cards import CardOptions  # noqa: E402
 from a2a_orchestrator.models import ScriptedModel  # noqa: E402
-from a2a_orchestrator.roles import find_role  # noqa: E402
-from a2a_orchestrator.server import RunningServer, run_role_server  # noqa: E402
+from a2a_orchestrator.protocol.cards import CardOptions  # noqa: E402
+from a2a_orchestrator.runtime.roles import find_role  # noqa: E402
+from a2a_orchestrator.server.app import RunningServer, run_role_server  # noqa: E402
 
 
 @asynccontextmanager

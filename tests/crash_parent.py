@@ -24,12 +24,12 @@ from typing import Any
 import anyio
 import httpx
 
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports import RemoteDelegate
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports import RemoteDelegate
+from a2a_orchestrator.storage.store import Store
 
 
 def local_script(messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from pathlib import Path
 import anyio
 from starlette.applications import Starlette
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports.push_receiver import PushReceiver
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.push_receiver import PushReceiver
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 
 
 def network(remote_url: str) -> Network:

@@ -22,11 +22,11 @@ from typing import Any
 
 import anyio
 
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.tools import Tool
 
 ROLE = "---\ndescription: Marks.\ntools: [mark]\n---\nYou mark.\n"

@@ -15,19 +15,30 @@ import pytest
 from crash_command import command_script, network
 from test_recovery import start_role_server
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import AssistantMessage, Done, Failed, Started, ToolCalled, ToolResult
-from a2a_orchestrator.journal import ToolJournal
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.procs import marked_processes
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.runtime import Conversation
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.conversation import Conversation
+from a2a_orchestrator.runtime.events import (
+    AssistantMessage,
+    Done,
+    Failed,
+    Started,
+    ToolCalled,
+    ToolResult,
+)
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.runtime.transcript import (
+    INTERRUPTED_CALL,
+    NOT_STARTED_CALL,
+    rebuild_transcript,
+)
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.journal import ToolJournal
+from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.tools import Tool
-from a2a_orchestrator.transcript import INTERRUPTED_CALL, NOT_STARTED_CALL, rebuild_transcript
+from a2a_orchestrator.tools.procs import marked_processes
 
 pytestmark = pytest.mark.anyio
 
@@ -315,8 +326,8 @@ def test_a_call_journaled_but_never_announced_is_put_back_as_interrupted() -> No
     its announcement reached the task store: the rebuilt conversation must
     still hold the call, answered as interrupted, or the model would play the
     step (and the command) again."""
-    from a2a_orchestrator.executor import _restore_lost_calls
-    from a2a_orchestrator.journal import JournalRow
+    from a2a_orchestrator.server.executor import _restore_lost_calls
+    from a2a_orchestrator.storage.journal import JournalRow
 
     row = JournalRow(
         marker="m",
@@ -354,7 +365,7 @@ async def test_the_early_task_save_logs_no_error(
 
     from conftest import role_server
 
-    from a2a_orchestrator.delegation import ChildConfig as _Config
+    from a2a_orchestrator.delegation.base import ChildConfig as _Config
 
     caplog.set_level(logging.WARNING)
     with anyio.fail_after(20):

@@ -29,18 +29,18 @@ import pytest
 from crash_budget import STEP_USAGE, tree_script
 from crash_budget import network as crash_network
 
-from a2a_orchestrator.access import Access
-from a2a_orchestrator.budgets import Budget, Price, PriceTable, Spend
-from a2a_orchestrator.callers import CallerFile, hash_token, new_token
-from a2a_orchestrator.control import ControlPlane
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done, Failed, ToolResult
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.roles import Role, find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.budgets import Budget, Price, PriceTable, Spend
+from a2a_orchestrator.runtime.events import Done, Failed, ToolResult
+from a2a_orchestrator.runtime.roles import Role, find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.server.auth.access import Access
+from a2a_orchestrator.server.auth.callers import CallerFile, hash_token, new_token
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -356,9 +356,9 @@ async def test_usage_totals_are_exact_after_a_crash_and_a_resume(tmp_path: Path)
 def test_the_live_tree_shows_a_parents_subtree_tokens() -> None:
     from io import StringIO
 
+    from a2a_orchestrator.delegation.session import RelayedEvent
     from a2a_orchestrator.models.base import Usage
-    from a2a_orchestrator.session import RelayedEvent
-    from a2a_orchestrator.view import LiveTree
+    from a2a_orchestrator.orchestrator.view import LiveTree
 
     tree = LiveTree("t", out=StringIO())
 
@@ -388,9 +388,9 @@ def test_the_live_tree_shows_a_parents_subtree_tokens() -> None:
 async def test_the_http_api_reports_usage_per_session_child_and_subtree(tmp_path: Path) -> None:
     from starlette.applications import Starlette
 
-    from a2a_orchestrator.api import api_routes
-    from a2a_orchestrator.events import event_to_dict
-    from a2a_orchestrator.store import ChildRecord
+    from a2a_orchestrator.orchestrator.api import api_routes
+    from a2a_orchestrator.runtime.events import event_to_dict
+    from a2a_orchestrator.storage.store import ChildRecord
 
     store = Store(tmp_path / "o.db")
     await store.create_session("s1")

@@ -25,14 +25,20 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from a2a_orchestrator.cards import CardOptions, card_signer, public_jwk, thumbprint, verify_card
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network, load_agent_file
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, UntrustedCardError
-from a2a_orchestrator.events import Done
-from a2a_orchestrator.network import AgentSpec, Network, load_agent_file
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.protocol.cards import (
+    CardOptions,
+    card_signer,
+    public_jwk,
+    thumbprint,
+    verify_card,
+)
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

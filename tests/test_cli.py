@@ -22,9 +22,10 @@ from a2a.types import GetTaskRequest, SendMessageConfiguration, TaskState
 from conftest import a2a_client
 from test_server import user_message
 
-from a2a_orchestrator.cli import build_parser, main
-from a2a_orchestrator.clidefaults import EXIT_CODES
-from a2a_orchestrator.pipeline import Signal
+from a2a_orchestrator.cli import main
+from a2a_orchestrator.cli.defaults import EXIT_CODES
+from a2a_orchestrator.cli.parser import build_parser
+from a2a_orchestrator.control.pipeline import Signal
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 
@@ -379,7 +380,7 @@ def test_stop_never_acts_behind_a_server_that_refuses(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_events_shows_every_kind_of_record(tmp_path: Path) -> None:
-    from a2a_orchestrator.store import Store
+    from a2a_orchestrator.storage.store import Store
 
     store = Store(tmp_path / ".a2a" / "orchestrator.db")
     await store.create_session("s1", title="records")

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from a2a_orchestrator import __version__
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.storage.store import Store
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 OFFLINE = {

@@ -27,8 +27,8 @@ from typing import Any
 import anyio
 import pytest
 
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.storage.store import Store
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 OFFLINE = {

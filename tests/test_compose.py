@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from a2a_orchestrator.network import AgentSpec, Network, override_var
+from a2a_orchestrator.delegation.network import AgentSpec, Network, override_var
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yaml"

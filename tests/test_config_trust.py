@@ -26,21 +26,21 @@ import anyio
 import pytest
 import yaml
 
-from a2a_orchestrator.budgets import Price
-from a2a_orchestrator.callers import add_caller
-from a2a_orchestrator.commands.common import hooks_of
-from a2a_orchestrator.commands.serve import check_secret_files
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.cli.commands.common import hooks_of
+from a2a_orchestrator.cli.commands.serve import check_secret_files
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.hooks import SpawnInfo
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.policy import SpawnPolicy
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, OrchestratorError, RoleNotFoundError
-from a2a_orchestrator.events import Done
-from a2a_orchestrator.hooks import SpawnInfo
 from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import OrchestratorExecutor
-from a2a_orchestrator.policy import SpawnPolicy
-from a2a_orchestrator.roles import find_role, reload_roles, shipped_roles_dir
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.orchestrator.app import OrchestratorExecutor
+from a2a_orchestrator.runtime.budgets import Price
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.runtime.roles import find_role, reload_roles, shipped_roles_dir
+from a2a_orchestrator.server.auth.callers import add_caller
+from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.tools import Sandbox
 from a2a_orchestrator.tools.sandbox import probe
 

@@ -20,18 +20,18 @@ import pytest
 from starlette.applications import Starlette
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.api import api_routes
-from a2a_orchestrator.control import GATE_MESSAGE, ControlPlane, clamp_timeout
+from a2a_orchestrator.control.parent import ParentAgent
+from a2a_orchestrator.control.plane import GATE_MESSAGE, ControlPlane, clamp_timeout
+from a2a_orchestrator.delegation.hooks import Deny, Hooks, load_hook_file
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import SpawnRefusedError, UnknownChildError
-from a2a_orchestrator.events import Done, Failed, InputRequired
-from a2a_orchestrator.hooks import Deny, Hooks, load_hook_file
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.parent import ParentAgent
-from a2a_orchestrator.render import DID_NOT_FINISH, TRUNCATED, count_tokens
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.orchestrator.api import api_routes
+from a2a_orchestrator.runtime.events import Done, Failed, InputRequired
+from a2a_orchestrator.runtime.render import DID_NOT_FINISH, TRUNCATED, count_tokens
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

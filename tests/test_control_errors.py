@@ -22,19 +22,19 @@ import pytest
 from test_control import behaviour
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.control import ControlPlane
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.control.parent import ParentAgent
+from a2a_orchestrator.control.plane import ControlPlane, control_tools
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ToolError
-from a2a_orchestrator.events import Done
-from a2a_orchestrator.executor import RoleExecutor
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.parent import ParentAgent, control_tools
-from a2a_orchestrator.roles import Role, find_role
-from a2a_orchestrator.server import build_app, build_card, open_task_store
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.runtime.roles import Role, find_role
+from a2a_orchestrator.server.app import build_app, build_card, open_task_store
+from a2a_orchestrator.server.executor import RoleExecutor
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.tools import Workspace
 
 pytestmark = pytest.mark.anyio

@@ -15,12 +15,12 @@ import anyio
 import pytest
 from conftest import role_server, running_with_args
 
-from a2a_orchestrator.delegation import ChildConfig, ChildHandle
-from a2a_orchestrator.events import ChildEvent, Done, Failed, InputRequired, ToolResult
+from a2a_orchestrator.delegation.base import ChildConfig, ChildHandle
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import ChildEvent, Done, Failed, InputRequired, ToolResult
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

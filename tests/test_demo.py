@@ -14,7 +14,7 @@ import anyio
 import pytest
 from test_cli import OFFLINE, cli
 
-from a2a_orchestrator.demo import DEMO_ROLES, TERMINAL_PACE, paced_model
+from a2a_orchestrator.orchestrator.demo import DEMO_ROLES, TERMINAL_PACE, paced_model
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 

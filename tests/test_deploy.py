@@ -29,14 +29,14 @@ import yaml
 from anyio.abc import TaskStatus
 from test_compose import AGENTS, CARD_PATH, command_of, environment, flag, interpolate
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done, ToolCalled
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network, override_var
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network, override_var
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import RunningServer, run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done, ToolCalled
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import RunningServer, run_role_server
+from a2a_orchestrator.storage.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yaml"

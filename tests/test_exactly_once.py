@@ -26,9 +26,9 @@ import anyio
 import pytest
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.control import ControlPlane
-from a2a_orchestrator.delegation import ChildHandle
-from a2a_orchestrator.events import AssistantMessage, ChildEvent, Failed
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.delegation.base import ChildHandle
+from a2a_orchestrator.runtime.events import AssistantMessage, ChildEvent, Failed
 
 pytestmark = pytest.mark.anyio
 

@@ -23,13 +23,12 @@ from conftest import role_server
 from test_control import behaviour, plane_for
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.control import ControlPlane
+from a2a_orchestrator.control.plane import ControlPlane, control_tools
+from a2a_orchestrator.control.supervisor import Supervisor, supervisor_tool
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ControlError, ToolError
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.parent import control_tools
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.supervisor import Supervisor, supervisor_tool
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

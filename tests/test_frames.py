@@ -41,12 +41,31 @@ from test_at_most_once import _wait_for_text
 from test_delegation import session_for
 from test_recovery import start_role_server
 
-from a2a_orchestrator import decoding
-from a2a_orchestrator import server as server_module
-from a2a_orchestrator.budgets import Spend
-from a2a_orchestrator.decoding import StreamDecoder, events_of, history_entries, reported_usage
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import (
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.extensions import wanted_extensions
+from a2a_orchestrator.models import ScriptedModel, Usage
+from a2a_orchestrator.protocol import decoding
+from a2a_orchestrator.protocol.decoding import (
+    StreamDecoder,
+    events_of,
+    history_entries,
+    reported_usage,
+)
+from a2a_orchestrator.protocol.frames import FrameBatcher
+from a2a_orchestrator.protocol.wire import (
+    BATCH_EXTENSION,
+    BATCH_EXTENSION_V1,
+    BATCH_KIND,
+    CONTROL_KEY,
+    EVENT_ID_KEY,
+    EVENT_KEY,
+    PAUSE_ON_KEY,
+    write_at_once,
+)
+from a2a_orchestrator.runtime.budgets import Spend
+from a2a_orchestrator.runtime.events import (
     AssistantMessage,
     ChildEvent,
     Done,
@@ -57,25 +76,11 @@ from a2a_orchestrator.events import (
     ToolCalled,
     ToolResult,
 )
-from a2a_orchestrator.frames import FrameBatcher
-from a2a_orchestrator.models import ScriptedModel, Usage
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import build_card, run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transcript import INTERRUPTED_CALL
-from a2a_orchestrator.transports.extensions import wanted_extensions
-from a2a_orchestrator.wire import (
-    BATCH_EXTENSION,
-    BATCH_EXTENSION_V1,
-    BATCH_KIND,
-    CONTROL_KEY,
-    EVENT_ID_KEY,
-    EVENT_KEY,
-    PAUSE_ON_KEY,
-    write_at_once,
-)
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.runtime.transcript import INTERRUPTED_CALL
+from a2a_orchestrator.server import app as server_module
+from a2a_orchestrator.server.app import build_card, run_role_server
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from a2a_orchestrator.errors import StoreError
-from a2a_orchestrator.store import ChildRecord, Store
+from a2a_orchestrator.storage.store import ChildRecord, Store
 
 pytestmark = pytest.mark.anyio
 

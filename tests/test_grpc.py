@@ -37,17 +37,17 @@ from test_delegation import run_all_scenarios, session_for
 from test_remote import free_port
 from test_server import user_message
 
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError
-from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.serving import HEAD_TIMEOUT
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.server.serving import HEAD_TIMEOUT
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -16,10 +16,10 @@ import pytest
 from conftest import role_server
 from starlette.routing import BaseRoute, Mount, Route
 
+from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import run_orchestrator_server
-from a2a_orchestrator.server import RunningServer
+from a2a_orchestrator.orchestrator.app import run_orchestrator_server
+from a2a_orchestrator.server.app import RunningServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from test_cli import CLI, OFFLINE
 
-from a2a_orchestrator.heap import THRESHOLDS
+from a2a_orchestrator.cli.heap import THRESHOLDS
 
 SETTLED = re.compile(
     r"garbage collector: (\d+) start-up objects frozen, thresholds \(10000, 10, 10\)"
@@ -30,9 +30,9 @@ def python(code: str) -> str:
 def test_settle_freezes_start_up_and_collects_the_young_less_often() -> None:
     out = python(
         "import gc\n"
-        "from a2a_orchestrator.session import Session\n"
+        "from a2a_orchestrator.delegation.session import Session\n"
         "print(gc.get_threshold(), gc.get_freeze_count())\n"
-        "from a2a_orchestrator.heap import settle\n"
+        "from a2a_orchestrator.cli.heap import settle\n"
         "settle()\n"
         "print(gc.get_threshold(), gc.get_freeze_count())\n"
     )
@@ -47,7 +47,8 @@ def test_settle_freezes_start_up_and_collects_the_young_less_often() -> None:
 def test_a_library_caller_keeps_cpythons_settings() -> None:
     out = python(
         "import gc\n"
-        "import a2a_orchestrator, a2a_orchestrator.session, a2a_orchestrator.server\n"
+        "import a2a_orchestrator, a2a_orchestrator.delegation.session\n"
+        "import a2a_orchestrator.server.app\n"
         "print(gc.get_threshold(), gc.get_freeze_count())\n"
     )
     assert out == "(700, 10, 10) 0"

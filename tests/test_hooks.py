@@ -9,9 +9,9 @@ import anyio
 import pytest
 from test_control import plane_for
 
-from a2a_orchestrator.control import GATE_MESSAGE
+from a2a_orchestrator.control.plane import GATE_MESSAGE
+from a2a_orchestrator.delegation.hooks import Deny, Hooks, SpawnInfo, load_hook_file
 from a2a_orchestrator.errors import ConfigError, SpawnRefusedError
-from a2a_orchestrator.hooks import Deny, Hooks, SpawnInfo, load_hook_file
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ async def test_a_hook_that_ignores_its_payload_still_decides(tmp_path: Path) -> 
     """A hook that exits without reading stdin used to break the spawn (broken pipe)."""
     import anyio
 
-    from a2a_orchestrator.hooks import Deny, SpawnInfo
+    from a2a_orchestrator.delegation.hooks import Deny, SpawnInfo
 
     path = tmp_path / "hooks.toml"
     path.write_text(

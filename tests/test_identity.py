@@ -36,30 +36,30 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from a2a_orchestrator.access import Access
-from a2a_orchestrator.callers import (
+from a2a_orchestrator.cli.commands.serve import access_of
+from a2a_orchestrator.cli.parser import build_parser
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.errors import ConfigError
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.protocol.wire import BATCH_KIND, CONTROL_KEY, EVENT_KEY
+from a2a_orchestrator.runtime.events import Done, Failed, InputRequired
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import RunningServer, run_role_server
+from a2a_orchestrator.server.auth.access import Access
+from a2a_orchestrator.server.auth.callers import (
     CallerFile,
     add_caller,
     hash_token,
     new_token,
     token_matches,
 )
-from a2a_orchestrator.cli import build_parser
-from a2a_orchestrator.commands.serve import access_of
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.errors import ConfigError
-from a2a_orchestrator.events import Done, Failed, InputRequired
-from a2a_orchestrator.issuer import Issuer
-from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import RunningServer, run_role_server
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.usage import UsageLog, today
-from a2a_orchestrator.wire import BATCH_KIND, CONTROL_KEY, EVENT_KEY
+from a2a_orchestrator.server.auth.issuer import Issuer
+from a2a_orchestrator.server.auth.usage import UsageLog, today
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -848,7 +848,7 @@ def test_agent_files_take_client_credentials(tmp_path: Path) -> None:
         'token_url = "https://idp.example/token"\nclient_id = "orchestrator"\n'
         'client_secret_env = "CODER_SECRET"\nscope = "a2a"\n'
     )
-    from a2a_orchestrator.network import load_agent_file
+    from a2a_orchestrator.delegation.network import load_agent_file
 
     spec = load_agent_file(path)
     assert (spec.token_url, spec.client_id, spec.scope) == (
@@ -928,8 +928,8 @@ async def test_context_owners_on_both_kinds_of_task_store(tmp_path: Path) -> Non
     from a2a.server.context import ServerCallContext
     from a2a.types import Task, TaskState, TaskStatus
 
-    from a2a_orchestrator.server import open_task_store
-    from a2a_orchestrator.taskstore import (
+    from a2a_orchestrator.server.app import open_task_store
+    from a2a_orchestrator.storage.taskstore import (
         ObservedTaskStore,
         SQLiteTaskStore,
         TaskOwner,

@@ -16,8 +16,8 @@ import anyio
 import pytest
 from test_delegation import session_for
 
+from a2a_orchestrator.control.parent import ParentAgent
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.parent import ParentAgent
 
 pytestmark = pytest.mark.anyio
 

@@ -26,13 +26,13 @@ import pytest
 from postgres import Postgres
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from a2a_orchestrator import journal as journal_module
-from a2a_orchestrator.journal import JournalRow, ToolJournal
 from a2a_orchestrator.models.base import ToolCall
-from a2a_orchestrator.procs import start_ticks
-from a2a_orchestrator.sharedjournal import SharedToolJournal
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.store_pg import PgStore
+from a2a_orchestrator.storage import journal as journal_module
+from a2a_orchestrator.storage.journal import JournalRow, ToolJournal
+from a2a_orchestrator.storage.sharedjournal import SharedToolJournal
+from a2a_orchestrator.storage.store import Store
+from a2a_orchestrator.storage.store_pg import PgStore
+from a2a_orchestrator.tools.procs import start_ticks
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.storage.store import Store
 
 HEAVY = ("openai", "a2a.server", "sqlalchemy", "uvicorn", "starlette", "opentelemetry")
 

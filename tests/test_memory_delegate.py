@@ -15,8 +15,11 @@ import anyio
 import pytest
 
 from a2a_orchestrator import Delegate, MemoryDelegate
-from a2a_orchestrator.delegation import CANCELED_TEXT, ChildConfig, ChildHandle
-from a2a_orchestrator.events import (
+from a2a_orchestrator.delegation.base import ChildConfig, ChildHandle
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.memory import Handler, Turn
+from a2a_orchestrator.runtime.events import (
     AssistantMessage,
     ChildEvent,
     Done,
@@ -26,11 +29,9 @@ from a2a_orchestrator.events import (
     ToolCalled,
     ToolResult,
 )
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.selectors import Selector
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports.memory import Handler, Turn
+from a2a_orchestrator.runtime.render import CANCELED_TEXT
+from a2a_orchestrator.runtime.selectors import Selector
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_cli import serve_process
 from test_server import collect, user_message
 
-from a2a_orchestrator.events import Done, Failed
-from a2a_orchestrator.metrics import METRIC_NAMES
+from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.observe.metrics import METRIC_NAMES
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
 
 pytestmark = pytest.mark.anyio
 

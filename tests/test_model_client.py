@@ -24,9 +24,10 @@ import anyio
 import pytest
 import uvicorn
 
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, ModelError, RoleFileError
-from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import (
     ChatMessage,
     ModelItem,
@@ -40,12 +41,11 @@ from a2a_orchestrator.models import (
     limit_model,
     resolve_model,
 )
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.roles import find_role, load_role_file
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.wire import plain
+from a2a_orchestrator.protocol.wire import plain
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.runtime.roles import find_role, load_role_file
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]

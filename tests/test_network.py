@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from a2a_orchestrator.errors import ConfigError
-from a2a_orchestrator.network import (
+from a2a_orchestrator.delegation.network import (
     AgentSpec,
     Network,
     agent_dirs,
@@ -16,6 +15,7 @@ from a2a_orchestrator.network import (
     override_var,
     shipped_agents_dir,
 )
+from a2a_orchestrator.errors import ConfigError
 
 SHIPPED = {"architect": 9101, "coder": 9102, "observer": 9104, "reviewer": 9103}
 NO_ENV: dict[str, str] = {}

@@ -14,17 +14,17 @@ from typing import Any
 import anyio
 import pytest
 
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.control.pipeline import Brief, PassOptions, Pipeline, PipelineError, TaskSpec
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError
-from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ChatMessage, ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.overrides import check_wire_overrides
-from a2a_orchestrator.pipeline import Brief, PassOptions, Pipeline, PipelineError, TaskSpec
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.runtime.overrides import check_wire_overrides
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

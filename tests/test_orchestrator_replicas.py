@@ -27,10 +27,10 @@ from conftest import a2a_client, role_server
 from postgres import Postgres
 from test_server import collect, user_message
 
-from a2a_orchestrator.events import Failed
-from a2a_orchestrator.orchestrator import MODE_KEY
-from a2a_orchestrator.session_leases import Leases
-from a2a_orchestrator.store_pg import PgStore
+from a2a_orchestrator.orchestrator.app import MODE_KEY
+from a2a_orchestrator.runtime.events import Failed
+from a2a_orchestrator.storage.session_leases import Leases
+from a2a_orchestrator.storage.store_pg import PgStore
 
 pytestmark = pytest.mark.anyio
 

@@ -13,17 +13,17 @@ from a2a.types import TaskState
 from conftest import a2a_client
 from test_server import collect, user_message
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.demo import SCENARIO, prepare_workdir
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.wire import EVENT_KEY
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.orchestrator.demo import SCENARIO, prepare_workdir
+from a2a_orchestrator.protocol.wire import EVENT_KEY
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -21,16 +21,16 @@ import pytest
 from crash_tool import mark_script, network, with_mark
 
 from a2a_orchestrator import MemoryDelegate
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.outbox import Outbox
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.memory import Handler, Turn
 from a2a_orchestrator.errors import StoreError
-from a2a_orchestrator.events import ChildEvent, Done, Failed, ToolCalled, ToolResult
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.outbox import Outbox
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transcript import INTERRUPTED_CALL
-from a2a_orchestrator.transports.memory import Handler, Turn
+from a2a_orchestrator.runtime.events import ChildEvent, Done, Failed, ToolCalled, ToolResult
+from a2a_orchestrator.runtime.transcript import INTERRUPTED_CALL
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -7,12 +7,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from a2a_orchestrator.clidefaults import NO_SIGNAL
-from a2a_orchestrator.events import Done, Failed, event_to_dict
-from a2a_orchestrator.outcome import outcome_of
-from a2a_orchestrator.pipeline import PROGRESS_KEY
-from a2a_orchestrator.records import RecordKind
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.control.pipeline import PROGRESS_KEY
+from a2a_orchestrator.orchestrator.outcome import NO_SIGNAL, outcome_of
+from a2a_orchestrator.runtime.events import Done, Failed, event_to_dict
+from a2a_orchestrator.runtime.records import RecordKind
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

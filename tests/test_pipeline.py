@@ -10,10 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from a2a_orchestrator.demo import DEMO_BRIEF, SCENARIO, prepare_workdir
-from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.pipeline import (
+from a2a_orchestrator.control.pipeline import (
     Brief,
     PassOptions,
     Pipeline,
@@ -23,10 +20,13 @@ from a2a_orchestrator.pipeline import (
     extract_signal,
     slugify,
 )
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.models import ScriptedModel
+from a2a_orchestrator.orchestrator.demo import DEMO_BRIEF, SCENARIO, prepare_workdir
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 ROLES = ("architect", "coder", "reviewer")

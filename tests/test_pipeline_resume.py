@@ -14,11 +14,11 @@ from typing import Any
 import anyio
 import pytest
 
+from a2a_orchestrator.control.pipeline import PROGRESS_KEY, Brief, Pipeline, PipelineError, TaskSpec
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.pipeline import PROGRESS_KEY, Brief, Pipeline, PipelineError, TaskSpec
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 ROLES = ("architect", "coder", "reviewer")

@@ -18,20 +18,20 @@ import anyio
 import pytest
 from conftest import role_server
 
-from a2a_orchestrator.budgets import Budget
-from a2a_orchestrator.control import ControlPlane
-from a2a_orchestrator.conversations import apply_child_config
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.hooks import Deny
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.policy import Narrow, SpawnPolicy, SpawnRequest, load_policy_file
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, SpawnRefusedError
-from a2a_orchestrator.events import Done, ToolResult
-from a2a_orchestrator.hooks import Deny
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.overrides import check_wire_overrides
-from a2a_orchestrator.policy import Narrow, SpawnPolicy, SpawnRequest, load_policy_file
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.budgets import Budget
+from a2a_orchestrator.runtime.events import Done, ToolResult
+from a2a_orchestrator.runtime.factory import apply_child_config
+from a2a_orchestrator.runtime.overrides import check_wire_overrides
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -36,20 +36,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 from test_server import user_message
 
-from a2a_orchestrator.decoding import StreamDecoder
+from a2a_orchestrator.delegation.network import AgentSpec, Network, load_agent_file
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.push_receiver import PushReceiver
 from a2a_orchestrator.errors import ConfigError
-from a2a_orchestrator.events import Done
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network, load_agent_file
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.push import PushPolicy
-from a2a_orchestrator.pushstore import PushLimits, open_push_config_store
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import RunningServer, run_role_server
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports.push_receiver import PushReceiver
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.protocol.decoding import StreamDecoder
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import RunningServer, run_role_server
+from a2a_orchestrator.server.push import PushPolicy
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.pushstore import PushLimits, open_push_config_store
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

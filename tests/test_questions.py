@@ -32,17 +32,17 @@ from conftest import a2a_client
 from test_cli import serve_process
 from test_server import collect, user_message
 
-from a2a_orchestrator.events import Done, Failed
+from a2a_orchestrator.control.pipeline import Brief, Pipeline, TaskSpec
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.questions import NO_ANSWER, Questions
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import MODE_KEY
-from a2a_orchestrator.pipeline import Brief, Pipeline, TaskSpec
-from a2a_orchestrator.questions import NO_ANSWER, Questions
-from a2a_orchestrator.records import RecordKind
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.orchestrator.app import MODE_KEY
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.runtime.records import RecordKind
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 

@@ -32,12 +32,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from a2a_orchestrator.conversations import role_conversation
-from a2a_orchestrator.hooks import CompleteInfo, Deny, SpawnInfo, load_hook_file
+from a2a_orchestrator.control.reactions import load_reactions
+from a2a_orchestrator.delegation.hooks import CompleteInfo, Deny, SpawnInfo, load_hook_file
+from a2a_orchestrator.delegation.network import load_agent_file
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import load_agent_file
-from a2a_orchestrator.reactions import load_reactions
-from a2a_orchestrator.roles import find_role
+from a2a_orchestrator.runtime.factory import role_conversation
+from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.tools import Sandbox, Workspace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +48,8 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 def guide_text() -> str:
     return "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
+
+
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 OFFLINE = {
     "A2A_MODEL_BASE_URL": "",
@@ -231,10 +233,10 @@ def test_the_budgets_example_prints_its_usage_report(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_the_policy_example_narrows_and_denies(tmp_path: Path) -> None:
-    from a2a_orchestrator.delegation import ChildConfig
+    from a2a_orchestrator.delegation.base import ChildConfig
+    from a2a_orchestrator.delegation.network import AgentSpec
+    from a2a_orchestrator.delegation.policy import SpawnRequest, load_policy_file
     from a2a_orchestrator.errors import SpawnRefusedError
-    from a2a_orchestrator.network import AgentSpec
-    from a2a_orchestrator.policy import SpawnRequest, load_policy_file
 
     path = tmp_path / "policy.toml"
     path.write_text(one_block("toml", TOML["policy"]))
@@ -262,8 +264,8 @@ async def test_the_policy_example_narrows_and_denies(tmp_path: Path) -> None:
 
 
 def test_the_price_table_example_loads(tmp_path: Path) -> None:
-    from a2a_orchestrator.budgets import PriceTable
     from a2a_orchestrator.models.base import Usage
+    from a2a_orchestrator.runtime.budgets import PriceTable
 
     path = tmp_path / "prices.toml"
     path.write_text(one_block("toml", TOML["prices"]))
@@ -307,7 +309,7 @@ def test_the_signed_card_example_loads(tmp_path: Path) -> None:
 
 
 def test_the_callers_example_loads(tmp_path: Path) -> None:
-    from a2a_orchestrator.callers import CallerFile, hash_token
+    from a2a_orchestrator.server.auth.callers import CallerFile, hash_token
 
     # The README abbreviates the hash; a real one (as `token add` writes) goes in.
     token = "a-token-for-the-readme-test"

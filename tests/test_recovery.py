@@ -15,12 +15,12 @@ import pytest
 from conftest import role_server
 from crash_parent import local_script, network
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done, Failed
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -9,12 +9,12 @@ import anyio
 import pytest
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.control import ControlPlane
-from a2a_orchestrator.events import Done
-from a2a_orchestrator.hooks import Hooks
-from a2a_orchestrator.reactions import Reaction, Reactions
-from a2a_orchestrator.selectors import Selector
-from a2a_orchestrator.session import Session
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.control.reactions import Reaction, Reactions
+from a2a_orchestrator.delegation.hooks import Hooks
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.runtime.selectors import Selector
 
 pytestmark = pytest.mark.anyio
 
@@ -128,8 +128,8 @@ async def test_a_failing_watcher_does_not_unmake_a_result(tmp_path: Path) -> Non
 
 def test_a_turn_aborted_mid_tool_keeps_the_rest_of_the_transcript() -> None:
     """An aborted step's open call used to swallow every later turn on rebuild."""
-    from a2a_orchestrator.events import AssistantMessage, Failed, Started, ToolCalled
-    from a2a_orchestrator.transcript import UNFINISHED_CALL, rebuild_transcript
+    from a2a_orchestrator.runtime.events import AssistantMessage, Failed, Started, ToolCalled
+    from a2a_orchestrator.runtime.transcript import UNFINISHED_CALL, rebuild_transcript
 
     entries = [
         "first",
@@ -159,7 +159,7 @@ def test_a_turn_aborted_mid_tool_keeps_the_rest_of_the_transcript() -> None:
 
 async def test_a_follow_up_that_raises_ends_failed_not_silently(tmp_path: Path) -> None:
     """The check for a terminal event read the previous turn's and dropped this one."""
-    from a2a_orchestrator.delegation import ChildHandle
+    from a2a_orchestrator.delegation.base import ChildHandle
 
     class Run:
         transport, model, task_id, context_id = "local", "m", "", ""

@@ -14,7 +14,11 @@ from a2a.client import A2AClientError, A2AClientTimeoutError, AgentCardResolutio
 from a2a.types import AgentInterface
 from conftest import role_server
 
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports import RemoteDelegate, translate_error
+from a2a_orchestrator.delegation.transports.remote import POOLS_PER_AGENT
 from a2a_orchestrator.errors import (
     AgentUnavailableError,
     ConfigError,
@@ -22,18 +26,14 @@ from a2a_orchestrator.errors import (
     DelegationTimeoutError,
     ProtocolError,
 )
-from a2a_orchestrator.events import Done, Failed
-from a2a_orchestrator.executor import RoleExecutor
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import build_app, build_card, open_task_store
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import build_app, build_card, open_task_store
+from a2a_orchestrator.server.executor import RoleExecutor
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.tools import Workspace
-from a2a_orchestrator.transports import RemoteDelegate, translate_error
-from a2a_orchestrator.transports.remote import POOLS_PER_AGENT
 
 pytestmark = pytest.mark.anyio
 

@@ -29,14 +29,14 @@ from starlette.routing import Route
 from test_recovery import start_role_server
 from test_spawn_window import CountingScript
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done, Failed
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.server import agent_card
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports import RemoteDelegate
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports import RemoteDelegate
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.server.app import agent_card
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

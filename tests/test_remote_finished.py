@@ -47,16 +47,16 @@ from starlette.routing import Route
 from test_recovery import wait_for
 from test_remote_deadlines import CARD_PATH, serving
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done, Failed
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports import RemoteDelegate
+from a2a_orchestrator.delegation.transports.push_receiver import PushReceiver, PushRun
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.models.base import ChatMessage
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.server import agent_card
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports import RemoteDelegate
-from a2a_orchestrator.transports.push_receiver import PushReceiver, PushRun
+from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.server.app import agent_card
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -22,15 +22,15 @@ from a2a.utils.errors import A2AError
 from conftest import a2a_client, role_server
 from test_delegation import TRANSPORTS, config, session_for
 
-from a2a_orchestrator.control import ControlPlane
-from a2a_orchestrator.delegation import ChildHandle
-from a2a_orchestrator.events import ChildEvent, Done, ToolResult
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.control.supervisor import Supervisor
+from a2a_orchestrator.delegation.base import ChildHandle
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.runtime import Conversation
-from a2a_orchestrator.selectors import Selector
-from a2a_orchestrator.supervisor import Supervisor
+from a2a_orchestrator.protocol.wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY
+from a2a_orchestrator.runtime.conversation import Conversation
+from a2a_orchestrator.runtime.events import ChildEvent, Done, ToolResult
+from a2a_orchestrator.runtime.selectors import Selector
 from a2a_orchestrator.tools import Workspace, build_tools
-from a2a_orchestrator.wire import CONTROL_EXTENSION, CONTROL_KEY, EVENT_KEY, PAUSE_ON_KEY
 
 pytestmark = pytest.mark.anyio
 

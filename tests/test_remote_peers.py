@@ -31,14 +31,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import TERMINAL_KINDS, AssistantMessage, Done
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.serving import bind_socket, serve
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.transports.tolerant import MAX_LINE, tolerate_naive_timestamps
-from a2a_orchestrator.wire import BATCH_KIND, EVENT_ID_KEY, EVENT_KEY
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.protocol.tolerant import MAX_LINE, tolerate_naive_timestamps
+from a2a_orchestrator.protocol.wire import BATCH_KIND, EVENT_ID_KEY, EVENT_KEY
+from a2a_orchestrator.runtime.events import TERMINAL_KINDS, AssistantMessage, Done
+from a2a_orchestrator.server.serving import bind_socket, serve
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from a2a_orchestrator.budgets import Spend
-from a2a_orchestrator.events import Done, Failed, InputRequired
-from a2a_orchestrator.render import (
+from a2a_orchestrator.runtime.budgets import Spend
+from a2a_orchestrator.runtime.events import Done, Failed, InputRequired
+from a2a_orchestrator.runtime.render import (
     DID_NOT_FINISH,
     TRUNCATED,
     count_tokens,

@@ -32,7 +32,7 @@ from conftest import a2a_client
 from postgres import Postgres
 from test_deploy import REPLICAS, free_port, haproxy, local_config, needs_haproxy, wait_for_states
 
-from a2a_orchestrator.wire import EVENT_KEY
+from a2a_orchestrator.protocol.wire import EVENT_KEY
 
 pytestmark = [pytest.mark.anyio, needs_haproxy]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from a2a_orchestrator import lookup, roles
 from a2a_orchestrator.errors import ConfigError, RoleFileError, RoleNotFoundError
-from a2a_orchestrator.lookup import shipped_dir
-from a2a_orchestrator.roles import (
+from a2a_orchestrator.runtime import lookup, roles
+from a2a_orchestrator.runtime.lookup import shipped_dir
+from a2a_orchestrator.runtime.roles import (
     Role,
     find_role,
     list_roles,

@@ -10,8 +10,18 @@ import anyio
 import pytest
 from conftest import running_with_args
 
-from a2a_orchestrator import runtime
-from a2a_orchestrator.events import (
+from a2a_orchestrator.models import (
+    ChatMessage,
+    ModelItem,
+    Restart,
+    ScriptedModel,
+    TextDelta,
+    ToolSpec,
+    Usage,
+)
+from a2a_orchestrator.runtime import conversation as runtime
+from a2a_orchestrator.runtime.conversation import DELTA_INTERVAL, Conversation
+from a2a_orchestrator.runtime.events import (
     AssistantMessage,
     ChildEvent,
     Done,
@@ -23,16 +33,6 @@ from a2a_orchestrator.events import (
     ToolCalled,
     ToolResult,
 )
-from a2a_orchestrator.models import (
-    ChatMessage,
-    ModelItem,
-    Restart,
-    ScriptedModel,
-    TextDelta,
-    ToolSpec,
-    Usage,
-)
-from a2a_orchestrator.runtime import DELTA_INTERVAL, Conversation
 from a2a_orchestrator.tools import Workspace, build_tools
 
 pytestmark = pytest.mark.anyio
@@ -281,8 +281,8 @@ async def test_second_concurrent_run_is_refused(tmp_path: Path) -> None:
 
 
 async def test_event_dicts_round_trip() -> None:
-    from a2a_orchestrator.events import event_from_dict, event_to_dict
     from a2a_orchestrator.models import Usage
+    from a2a_orchestrator.runtime.events import event_from_dict, event_to_dict
 
     for event in [
         Started(role="r", model="m"),

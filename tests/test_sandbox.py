@@ -29,18 +29,18 @@ from a2a.helpers import new_text_message
 from a2a.types import Role, SendMessageRequest
 from conftest import a2a_client, role_server
 
-from a2a_orchestrator.conversations import role_conversation
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, ToolError
-from a2a_orchestrator.events import ChildEvent, ToolResult
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.procs import marked_processes, start_ticks
-from a2a_orchestrator.roles import find_role, load_role_file
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import ChildEvent, ToolResult
+from a2a_orchestrator.runtime.factory import role_conversation
+from a2a_orchestrator.runtime.roles import find_role, load_role_file
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.tools import Sandbox, Tool, Workspace, build_tools
 from a2a_orchestrator.tools.base import CALL_MARKER_ENV, CallScope, current_call
+from a2a_orchestrator.tools.procs import marked_processes, start_ticks
 from a2a_orchestrator.tools.sandbox import probe, store_paths
 
 pytestmark = pytest.mark.anyio

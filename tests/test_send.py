@@ -33,8 +33,8 @@ from conftest import role_server
 from starlette.applications import Starlette
 from test_cli import OFFLINE, serve_process
 
-from a2a_orchestrator.commands.send import SEND_EXIT_CODES
-from a2a_orchestrator.serving import bind_socket, serve
+from a2a_orchestrator.cli.commands.send import SEND_EXIT_CODES
+from a2a_orchestrator.server.serving import bind_socket, serve
 
 pytestmark = pytest.mark.anyio
 

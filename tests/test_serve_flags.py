@@ -15,9 +15,10 @@ from conftest import a2a_client
 from test_cli import OFFLINE, serve_process, subcommands
 from test_server import user_message
 
-from a2a_orchestrator.cli import build_parser, main
-from a2a_orchestrator.commands.serve import ORCHESTRATOR_ONLY, ROLE_ONLY
-from a2a_orchestrator.orchestrator import MODE_KEY
+from a2a_orchestrator.cli import main
+from a2a_orchestrator.cli.commands.serve import ORCHESTRATOR_ONLY, ROLE_ONLY
+from a2a_orchestrator.cli.parser import build_parser
+from a2a_orchestrator.orchestrator.app import MODE_KEY
 
 # The options both kinds read, each checked to reach both where it is not
 # obvious (below, and in test_cli / test_wire_trust / test_orchestrator_server).

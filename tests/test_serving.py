@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from test_ui import orchestrator
 
-from a2a_orchestrator.serving import bind_socket, serve
+from a2a_orchestrator.server.serving import bind_socket, serve
 
 pytestmark = pytest.mark.anyio
 

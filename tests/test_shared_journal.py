@@ -10,7 +10,7 @@ from postgres import Postgres
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from a2a_orchestrator.models.base import ToolCall
-from a2a_orchestrator.sharedjournal import SharedToolJournal
+from a2a_orchestrator.storage.sharedjournal import SharedToolJournal
 
 pytestmark = pytest.mark.anyio
 

@@ -22,10 +22,10 @@ from a2a.types import ListTasksRequest, Role, SendMessageRequest, Task
 from conftest import a2a_client, role_server
 from crash_parent import network
 
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models.base import ChatMessage
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.store import Store
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from a2a_orchestrator.errors import StoreError
-from a2a_orchestrator.sqlitefile import CHECKPOINT_EVERY, SQLiteFile
+from a2a_orchestrator.storage.sqlitefile import CHECKPOINT_EVERY, SQLiteFile
 
 pytestmark = pytest.mark.anyio
 

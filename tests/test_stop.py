@@ -23,9 +23,9 @@ from typing import Any
 import anyio
 import pytest
 
-from a2a_orchestrator.procs import start_ticks
-from a2a_orchestrator.runner import boot_id
-from a2a_orchestrator.store import ChildRecord, RunnerRecord, Store
+from a2a_orchestrator.delegation.runner import boot_id
+from a2a_orchestrator.storage.store import ChildRecord, RunnerRecord, Store
+from a2a_orchestrator.tools.procs import start_ticks
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 OFFLINE = {

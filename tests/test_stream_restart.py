@@ -35,24 +35,24 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from test_server import collect, user_message
 
-from a2a_orchestrator.decoding import transcript_from_history
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import (
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec, Network
+from a2a_orchestrator.delegation.session import RelayedEvent, Session
+from a2a_orchestrator.models import OpenAIModel
+from a2a_orchestrator.orchestrator.app import run_orchestrator_server
+from a2a_orchestrator.protocol.decoding import transcript_from_history
+from a2a_orchestrator.protocol.wire import EVENT_KEY
+from a2a_orchestrator.runtime.events import (
     AssistantMessage,
     Done,
     MessageDelta,
     MessageRestarted,
     Started,
 )
-from a2a_orchestrator.models import OpenAIModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
-from a2a_orchestrator.session import RelayedEvent, Session
-from a2a_orchestrator.store import Store
-from a2a_orchestrator.view import RESTART_MARK
-from a2a_orchestrator.wire import EVENT_KEY
+from a2a_orchestrator.runtime.render import RESTART_MARK
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
+from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]

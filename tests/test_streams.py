@@ -22,14 +22,14 @@ from a2a.types import SendMessageRequest, SubscribeToTaskRequest, a2a_pb2_grpc
 from google.protobuf.json_format import ParseDict
 from test_ui import TOKEN, logged_in
 
-from a2a_orchestrator.access import Access
+from a2a_orchestrator.delegation.network import Network
 from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import Network
-from a2a_orchestrator.orchestrator import run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import RunningServer, run_role_server
-from a2a_orchestrator.streams import VIEW_PER_CALLER, StreamLimits
+from a2a_orchestrator.orchestrator.app import run_orchestrator_server
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import RunningServer, run_role_server
+from a2a_orchestrator.server.auth.access import Access
+from a2a_orchestrator.server.streams import VIEW_PER_CALLER, StreamLimits
 
 pytestmark = pytest.mark.anyio
 

@@ -17,14 +17,14 @@ import anyio
 import pytest
 from test_delegation import TRANSPORTS, session_for
 
-from a2a_orchestrator.control import ControlPlane
+from a2a_orchestrator.control.parent import ParentAgent
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.control.reactions import Reactions, load_reactions
+from a2a_orchestrator.control.supervisor import Supervisor
+from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, ControlError, UnknownChildError
-from a2a_orchestrator.events import Done, Failed
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.parent import ParentAgent
-from a2a_orchestrator.reactions import Reactions, load_reactions
-from a2a_orchestrator.session import Session
-from a2a_orchestrator.supervisor import Supervisor
+from a2a_orchestrator.runtime.events import Done, Failed
 
 pytestmark = pytest.mark.anyio
 

@@ -14,8 +14,8 @@ from a2a.types import GetTaskRequest, ListTasksRequest, Task, TaskState, TaskSta
 from conftest import a2a_client, role_server
 from starlette.authentication import SimpleUser
 
-from a2a_orchestrator.taskstore import SQLiteTaskStore
-from a2a_orchestrator.wire import EVENT_KEY
+from a2a_orchestrator.protocol.wire import EVENT_KEY
+from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +99,7 @@ async def test_the_task_a_message_opened_is_found_by_the_messages_id(
     from a2a.server.tasks import InMemoryTaskStore
     from a2a.types import Message
 
-    from a2a_orchestrator.taskstore import ObservedTaskStore, task_opened_by
+    from a2a_orchestrator.storage.taskstore import ObservedTaskStore, task_opened_by
 
     ours = SQLiteTaskStore(tmp_path / "t.db", coalesce=60.0)
     inner = ours if kind == "ours" else InMemoryTaskStore()
@@ -212,7 +212,7 @@ def frame(base: Task, text: str, kind: str = "message") -> Task:
 async def test_frames_in_one_state_are_held_and_state_changes_written_at_once(
     tmp_path: Path,
 ) -> None:
-    from a2a_orchestrator.wire import write_at_once
+    from a2a_orchestrator.protocol.wire import write_at_once
 
     path = tmp_path / "t.db"
     # A long delay: only a write the rules call for reaches the file here.
@@ -285,8 +285,8 @@ async def test_a_role_server_writes_a_turn_at_its_tool_results_and_its_end(
     tool's result and the end of the turn are, each with every frame before."""
     from test_server import collect, task_id_of, user_message
 
-    from a2a_orchestrator import server as server_module
-    from a2a_orchestrator import taskstore
+    from a2a_orchestrator.server import app as server_module
+    from a2a_orchestrator.storage import taskstore
 
     # Real time would let the timer write a held frame on a loaded machine;
     # a long delay leaves the writes to the rules this test is about.
@@ -389,8 +389,8 @@ async def test_a_task_saved_frame_by_frame_round_trips_and_each_message_is_writt
     from a2a.helpers import new_text_message
     from a2a.types import Role
 
-    from a2a_orchestrator import taskstore
-    from a2a_orchestrator.wire import write_at_once
+    from a2a_orchestrator.protocol.wire import write_at_once
+    from a2a_orchestrator.storage import taskstore
 
     written: list[int] = []
     original = taskstore.write_rows
@@ -514,7 +514,7 @@ async def test_held_frames_a_failed_write_took_are_written_later_in_order(
 
     path = tmp_path / "t.db"
     me = as_user("me")
-    from a2a_orchestrator.wire import write_at_once
+    from a2a_orchestrator.protocol.wire import write_at_once
 
     with anyio.fail_after(10):
         store = SQLiteTaskStore(path, coalesce=60.0, write_now=write_at_once)
@@ -613,6 +613,6 @@ async def test_a_file_of_the_whole_task_layout_is_read_and_migrated(tmp_path: Pa
 def test_the_head_is_every_field_of_a_task_but_its_history() -> None:
     """The head is built field by field: a field a newer SDK adds to Task
     must be added there, or the store would drop it."""
-    from a2a_orchestrator.taskrows import HEAD_FIELDS
+    from a2a_orchestrator.storage.taskrows import HEAD_FIELDS
 
     assert {field.name for field in Task.DESCRIPTOR.fields} - {"history"} == HEAD_FIELDS

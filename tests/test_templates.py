@@ -15,12 +15,12 @@ import anyio
 import pytest
 from test_delegation import session_for
 
-from a2a_orchestrator.control import ControlPlane
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.control.reactions import Reactions, load_reactions
+from a2a_orchestrator.control.supervisor import Supervisor
 from a2a_orchestrator.errors import ControlError
-from a2a_orchestrator.reactions import Reactions, load_reactions
-from a2a_orchestrator.selectors import render_inject
-from a2a_orchestrator.supervisor import Supervisor
-from a2a_orchestrator.templates import INJECT_CUT, INJECT_LIMIT
+from a2a_orchestrator.runtime.selectors import render_inject
+from a2a_orchestrator.runtime.templates import INJECT_CUT, INJECT_LIMIT
 
 EVENT = {"kind": "tool_result", "tool": "run_command", "success": False, "content": "boom " * 2000}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from a2a_orchestrator.tokens import count_tokens, prefix_within
+from a2a_orchestrator.runtime.tokens import count_tokens, prefix_within
 
 CALIBRATION: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "token_calibration.json").read_text(encoding="utf-8")

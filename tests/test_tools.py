@@ -14,11 +14,11 @@ import anyio
 import pytest
 
 from a2a_orchestrator.errors import ConfigError, PathOutsideWorkdirError, ToolError
-from a2a_orchestrator.procs import marked_processes
 from a2a_orchestrator.tools import TOOL_NAMES, Tool, Workspace, build_tools
 from a2a_orchestrator.tools.base import CallScope, current_call
 from a2a_orchestrator.tools.command import run_command_tool
 from a2a_orchestrator.tools.files import grep_tool, list_files_tool, read_file_tool
+from a2a_orchestrator.tools.procs import marked_processes
 
 pytestmark = pytest.mark.anyio
 

@@ -25,13 +25,13 @@ import pytest
 from conftest import a2a_client
 from test_server import collect, user_message
 
-from a2a_orchestrator.clidefaults import NO_SIGNAL_EXIT
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.cli.defaults import NO_SIGNAL_EXIT
+from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.records import RecordKind
-from a2a_orchestrator.store import ROOT_ID, Store
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.runtime.events import Done
+from a2a_orchestrator.runtime.records import RecordKind
+from a2a_orchestrator.storage.store import ROOT_ID, Store
 
 pytestmark = pytest.mark.anyio
 

@@ -41,10 +41,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from test_delegation import session_for
 
-from a2a_orchestrator import tracing
-from a2a_orchestrator.cli import build_parser, service_name
-from a2a_orchestrator.delegation import ChildConfig
-from a2a_orchestrator.events import Done
+from a2a_orchestrator.cli.entry import service_name
+from a2a_orchestrator.cli.parser import build_parser
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.observe import tracing
+from a2a_orchestrator.runtime.events import Done
 
 CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
 OFFLINE = {
@@ -378,7 +379,7 @@ def test_a_dead_collector_costs_one_line_and_a_short_timeout(tmp_path: Path) -> 
     )
     assert run.returncode in (0, 3), run.stderr
     assert run.stderr.splitlines() == [
-        f"WARNING a2a_orchestrator.tracing: spans cannot be exported to {dead}; they are "
+        f"WARNING a2a_orchestrator.observe.tracing: spans cannot be exported to {dead}; they are "
         "dropped (said once; -v shows each failure)"
     ]
     # The exporter gives up after EXPORT_TIMEOUT, retries included (the

@@ -27,17 +27,17 @@ from conftest import a2a_client, role_server
 from starlette.routing import BaseRoute, Mount, Route
 from test_server import collect, user_message
 
-from a2a_orchestrator.access import Access
-from a2a_orchestrator.api import OWNER_KEY
-from a2a_orchestrator.callers import DEFAULT_CALLER, CallerFile, add_caller
-from a2a_orchestrator.commands.common import PIPELINE_PASSES
-from a2a_orchestrator.events import Done, Started, ToolCalled, event_to_dict
+from a2a_orchestrator.cli.commands.common import PIPELINE_PASSES
+from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import RunningServer
-from a2a_orchestrator.store import ChildRecord, Store
+from a2a_orchestrator.orchestrator.api import OWNER_KEY
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.runtime.events import Done, Started, ToolCalled, event_to_dict
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import RunningServer
+from a2a_orchestrator.server.auth.access import Access
+from a2a_orchestrator.server.auth.callers import DEFAULT_CALLER, CallerFile, add_caller
+from a2a_orchestrator.storage.store import ChildRecord, Store
 
 pytestmark = pytest.mark.anyio
 

@@ -22,8 +22,8 @@ import pytest
 
 from a2a_orchestrator.errors import ToolError
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
 from a2a_orchestrator.tools import Sandbox, Tool, Workspace, build_tools
 from a2a_orchestrator.tools.sandbox import pid_namespace
 

@@ -9,7 +9,10 @@ import anyio.lowlevel
 import pytest
 from rich.console import Console
 
-from a2a_orchestrator.events import (
+from a2a_orchestrator.delegation.session import RelayedEvent
+from a2a_orchestrator.models.base import Usage
+from a2a_orchestrator.orchestrator.view import LiveTree
+from a2a_orchestrator.runtime.events import (
     AssistantMessage,
     ChildEvent,
     Done,
@@ -20,9 +23,6 @@ from a2a_orchestrator.events import (
     ToolCalled,
     ToolResult,
 )
-from a2a_orchestrator.models.base import Usage
-from a2a_orchestrator.session import RelayedEvent
-from a2a_orchestrator.view import LiveTree
 
 pytestmark = pytest.mark.anyio
 

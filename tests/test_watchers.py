@@ -12,11 +12,11 @@ import pytest
 from test_delegation import TRANSPORTS, config, session_for
 from test_group_commit import refuse_child
 
-from a2a_orchestrator.control import ControlPlane
-from a2a_orchestrator.delegation import ChildHandle
+from a2a_orchestrator.control.plane import ControlPlane
+from a2a_orchestrator.delegation.base import ChildHandle
+from a2a_orchestrator.delegation.hooks import CompleteInfo, Hooks
 from a2a_orchestrator.errors import StoreError
-from a2a_orchestrator.events import ChildEvent, Done, Failed
-from a2a_orchestrator.hooks import CompleteInfo, Hooks
+from a2a_orchestrator.runtime.events import ChildEvent, Done, Failed
 
 pytestmark = pytest.mark.anyio
 

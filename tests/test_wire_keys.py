@@ -13,9 +13,9 @@ from a2a.helpers import new_data_part, new_text_part
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
 from conftest import role_server
 
-from a2a_orchestrator.decoding import StreamDecoder
-from a2a_orchestrator.events import Done, ToolCalled
-from a2a_orchestrator.wire import EVENT_KEY
+from a2a_orchestrator.protocol.decoding import StreamDecoder
+from a2a_orchestrator.protocol.wire import EVENT_KEY
+from a2a_orchestrator.runtime.events import Done, ToolCalled
 
 pytestmark = pytest.mark.anyio
 

@@ -14,12 +14,12 @@ import httpx
 import pytest
 from conftest import role_server
 
+from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.network import AgentSpec, Network
-from a2a_orchestrator.numbers import IntegralNumbers, integral_json
-from a2a_orchestrator.orchestrator import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.roles import find_role
-from a2a_orchestrator.server import run_role_server
+from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.protocol.numbers import IntegralNumbers, integral_json
+from a2a_orchestrator.runtime.roles import find_role
+from a2a_orchestrator.server.app import run_role_server
 
 pytestmark = pytest.mark.anyio
 

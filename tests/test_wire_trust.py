@@ -26,21 +26,21 @@ from a2a.types import Role as A2ARole
 from a2a.types import SendMessageRequest, TaskState
 from conftest import a2a_client
 
-from a2a_orchestrator.cli import build_parser
-from a2a_orchestrator.commands.serve import _server_limits
-from a2a_orchestrator.conversations import apply_child_config
-from a2a_orchestrator.delegation import ChildConfig
+from a2a_orchestrator.cli.commands.serve import _server_limits
+from a2a_orchestrator.cli.parser import build_parser
+from a2a_orchestrator.delegation.base import ChildConfig
+from a2a_orchestrator.delegation.network import AgentSpec
+from a2a_orchestrator.delegation.transports.local import LocalDelegate
 from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.models import ModelSettings, ScriptedModel, resolve_model
 from a2a_orchestrator.models.base import ChatMessage, Model
-from a2a_orchestrator.network import AgentSpec
-from a2a_orchestrator.overrides import offered_models
-from a2a_orchestrator.roles import find_role, load_role_file
-from a2a_orchestrator.server import RunningServer, run_role_server
-from a2a_orchestrator.serving import MAX_REQUEST_HEAD
+from a2a_orchestrator.protocol.wire import CONFIG_KEY
+from a2a_orchestrator.runtime.factory import apply_child_config
+from a2a_orchestrator.runtime.overrides import offered_models
+from a2a_orchestrator.runtime.roles import find_role, load_role_file
+from a2a_orchestrator.server.app import RunningServer, run_role_server
+from a2a_orchestrator.server.serving import MAX_REQUEST_HEAD
 from a2a_orchestrator.tools import Workspace
-from a2a_orchestrator.transports.local import LocalDelegate
-from a2a_orchestrator.wire import CONFIG_KEY
 
 pytestmark = pytest.mark.anyio
 
@@ -503,7 +503,7 @@ def test_servers_parse_requests_with_h11_even_where_httptools_is_installed() -> 
         "import sys, types\n"
         "sys.modules['httptools'] = types.ModuleType('httptools')\n"
         "from uvicorn.protocols.http.h11_impl import H11Protocol\n"
-        "from a2a_orchestrator.serving import server_config\n"
+        "from a2a_orchestrator.server.serving import server_config\n"
         "async def app(scope, receive, send): pass\n"
         "config = server_config(app)\n"
         "config.load()\n"
@@ -559,7 +559,7 @@ async def test_conversations_are_bounded_by_bytes_and_rebuilt(tmp_path: Path) ->
 async def test_conversations_are_bounded_by_count_oldest_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("a2a_orchestrator.executor.MAX_CONVERSATIONS", 3)
+    monkeypatch.setattr("a2a_orchestrator.server.executor.MAX_CONVERSATIONS", 3)
     seen: list[list[str]] = []
 
     def model(messages: Sequence[ChatMessage]) -> dict[str, Any]:
@@ -597,7 +597,7 @@ async def test_conversations_are_bounded_by_count_oldest_first(
 async def test_a_conversation_waiting_for_input_is_never_evicted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("a2a_orchestrator.executor.MAX_CONVERSATIONS", 2)
+    monkeypatch.setattr("a2a_orchestrator.server.executor.MAX_CONVERSATIONS", 2)
 
     def model(messages: Sequence[ChatMessage]) -> dict[str, Any]:
         if messages[1]["content"] != "ask me":

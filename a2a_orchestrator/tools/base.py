@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.base import ToolSpec
-from ..procs import CALL_MARKER_ENV
+from .procs import CALL_MARKER_ENV
 
 __all__ = ["CALL_MARKER_ENV", "CallScope", "Tool", "current_call"]
 

@@ -40,8 +40,8 @@ import anyio.abc
 import anyio.to_thread
 
 from ..errors import ConfigError, ToolError
-from ..procs import start_ticks
 from .base import Tool, current_call
+from .procs import start_ticks
 from .sandbox import Sandbox
 from .workspace import Workspace
 

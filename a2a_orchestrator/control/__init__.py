@@ -1,0 +1,3 @@
+"""What a parent does with its children: the control plane, supervision, the pipeline."""
+
+__all__: list[str] = []

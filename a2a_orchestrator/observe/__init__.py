@@ -1,0 +1,3 @@
+"""Observing the network at work: OpenTelemetry tracing and Prometheus metrics."""
+
+__all__: list[str] = []

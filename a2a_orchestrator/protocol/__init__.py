@@ -1,0 +1,3 @@
+"""The A2A wire: child events as frames, read back, whole numbers, cards, guards."""
+
+__all__: list[str] = []

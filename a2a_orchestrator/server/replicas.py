@@ -1,0 +1,323 @@
+"""Replicas of one role sharing a PostgreSQL database.
+
+`serve ROLE --db postgresql+asyncpg://...` serves a `ReplicaExecutor`: the
+role's executor, plus what lets N processes serve one role together.
+
+- Reads and streams: the tasks live in a2a-sdk's versioned store and every
+  applied event in its log (`clusterstore.py`), so any replica answers
+  GetTask and ListTasks, and SubscribeToTask on a replica that does not run
+  the task tails the log (the live events of the replica that does).
+- Leases (`task_leases.py`): a turn runs only under its conversation's lease,
+  taken before the turn's first write and renewed every `poll` seconds while
+  it runs; it is given back once the turn's end is stored. A follow-up
+  message on a replica that does not hold the conversation in memory (or
+  whose copy is stale: another replica took a turn since) rebuilds it from
+  the stored history, as a restarted server does. A message for a task whose
+  turn runs on another replica is refused (the handler: it cannot queue
+  behind a turn in another process); a new task in such a context fails
+  with the reason, like a busy context on one server.
+- Cancel: CancelTask on any replica records CANCELED in the shared store
+  (the SDK); the replica running the turn sees it within `poll` seconds
+  (or at its next write, whichever comes first) and aborts the turn.
+- Adoption: a lease not renewed for `lease` seconds is a dead replica's.
+  Another replica takes it over (one wins: the update is atomic), closes the
+  dead turn's open tool calls as interrupted (`sharedjournal.py`; nothing is
+  run again silently), rebuilds the conversation from the stored history
+  and continues the task's turn where the history ends, through the SDK's
+  own task machinery, so its events are stored and streamed as any other.
+
+What is not covered: a replica that stays alive but cannot reach the
+database for longer than a lease is taken over while its turn may still run
+(it aborts the turn as soon as it learns its lease is gone, on its next
+renewal). Pause, resume and steer reach a task only on the replica running
+it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from a2a.server.agent_execution import RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.owner_resolver import resolve_user_scope
+from a2a.types import TaskState
+from anyio.abc import TaskGroup
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..errors import ConfigError
+from ..storage.clusterstore import ClusterStores
+from ..storage.sharedjournal import SharedToolJournal
+from ..storage.task_leases import Claim, Leases, StaleLease
+from ..storage.taskstore import TaskOwner
+from .executor import RoleExecutor
+
+if TYPE_CHECKING:
+    from a2a.server.request_handlers import DefaultRequestHandlerV2
+
+__all__ = ["DEFAULT_LEASE", "ReplicaExecutor", "ReplicaSettings"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE = 15.0
+"""Seconds a replica's lease outlives its last renewal (`A2A_LEASE_SECONDS`)."""
+
+# How long a turn that ended waits for the SDK to store its end before the
+# lease goes back (the renewal loop gives it back later if this runs out).
+_END_SAVE_LIMIT = 10.0
+
+_RUNNING_STATES = {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
+_ADOPTABLE = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaSettings:
+    """How one replica identifies itself and keeps its leases."""
+
+    replica_id: str
+    """This process's name in the lease table (unique per process)."""
+    lease: float = DEFAULT_LEASE
+    """Seconds a lease lasts unrenewed: how long a dead replica's tasks wait."""
+
+    @property
+    def poll(self) -> float:
+        """Seconds between renewals (and looks for cancels and dead leases)."""
+        return min(1.0, self.lease / 3)
+
+    @classmethod
+    def from_env(
+        cls, *, replica_id: str | None = None, lease: float | None = None
+    ) -> ReplicaSettings:
+        """`replica_id` and `lease`, else `$A2A_REPLICA_ID` and
+        `$A2A_LEASE_SECONDS`; the id always ends in something unique to this
+        process, so a restarted replica never mistakes a dead one's leases
+        for its own."""
+        raw = os.environ.get("A2A_LEASE_SECONDS", "").strip()
+        if lease is None:
+            try:
+                lease = float(raw) if raw else DEFAULT_LEASE
+            except ValueError:
+                raise ConfigError(f"$A2A_LEASE_SECONDS must be a number, got {raw!r}") from None
+        if not lease > 0:
+            raise ConfigError(f"the lease must last a positive number of seconds, got {lease:g}")
+        name = replica_id or os.environ.get("A2A_REPLICA_ID", "").strip() or socket.gethostname()
+        return cls(replica_id=f"{name}-{os.getpid()}-{uuid.uuid4().hex[:6]}", lease=lease)
+
+
+class ReplicaExecutor(RoleExecutor):
+    """A role's executor in one of several replicas (module docstring)."""
+
+    def __init__(
+        self, *args: Any, cluster: ClusterStores, settings: ReplicaSettings, **kwargs: Any
+    ) -> None:
+        """`RoleExecutor`'s arguments (its journal is the shared one), the
+        replicas' `cluster` stores and this replica's `settings`."""
+        journal = SharedToolJournal(cluster.engine)
+        super().__init__(*args, journal=journal, task_store=cluster.tasks, **kwargs)
+        self.shared_journal = journal
+        self.cluster = cluster
+        self.settings = settings
+        self.leases = Leases(cluster.engine, settings.replica_id, settings.lease)
+        self.handler: DefaultRequestHandlerV2 | None = None
+        """The request handler adopted turns run through (`build_app` sets it)."""
+        self._leased: dict[str, str] = {}
+        """Context id -> the task whose turn runs here under its lease."""
+        self._ending: dict[str, tuple[str, str]] = {}
+        """Context id -> (task id, owner) of a turn over whose end is not stored yet."""
+        self._turns_seen: dict[str, int] = {}
+        """Context id -> the turn count when this replica last took its lease."""
+        self._adopting: dict[str, Claim] = {}
+        """Task id -> the lease taken over for it, until its turn starts."""
+        self._refused: dict[str, str] = {}
+        self._tg: TaskGroup | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        await self.cluster.initialize()
+        await self.leases.create()
+        await self.shared_journal.create()
+        try:
+            async with super().running(), anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._keep_leases)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            self._tg = None
+            await self.cluster.engine.dispose()
+
+    # -- a turn under its lease ------------------------------------------------
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = context.task_id or ""
+        task = context.current_task
+        context_id = task.context_id if task is not None else (context.context_id or "")
+        owner = resolve_user_scope(context.call_context) if context.call_context else ""
+        adopted = self._adopting.pop(task_id, None)
+        if adopted is not None:
+            claim: Claim | None = adopted
+        elif context_id in self._leased:
+            # A turn runs in this context here: the executor says it is busy.
+            await super().execute(context, event_queue)
+            return
+        else:
+            claim = await self.leases.acquire(context_id, task_id, owner)
+        if claim is None:
+            holder = await self.leases.holder(context_id)
+            if task is not None:
+                # A follow-up that raced a turn starting on another replica:
+                # the task is that replica's; nothing is written to it here.
+                logger.warning(
+                    "task %s runs on replica %s; its message was not taken here", task_id, holder
+                )
+                return
+            self._refused[task_id] = (
+                f"context {context_id} is busy: a turn runs in it on replica {holder}; "
+                "wait for it to end, or use another context"
+            )
+            await super().execute(context, event_queue)
+            return
+        if self._turns_seen.get(context_id) != claim.turns - 1:
+            # Another replica took a turn since this one last did: the copy
+            # held here is stale; the store has the conversation.
+            self._forget(context_id)
+        self._turns_seen[context_id] = claim.turns
+        if context_id not in self.held_contexts:
+            # Rebuilt from the store: a dead holder's open calls are closed
+            # first, so the model is told they were interrupted.
+            await self.shared_journal.recover(context_id)
+        self._leased[context_id] = task_id
+        ended = False
+        try:
+            await super().execute(context, event_queue)
+            ended = True
+        finally:
+            del self._leased[context_id]
+            if ended:
+                self._ending[context_id] = (task_id, owner)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self._release(context_id)
+        await self._release_once_stored(context_id)
+
+    async def running_elsewhere(self, context_id: str) -> str | None:
+        """The replica whose turn runs in `context_id`, if not this one."""
+        if context_id in self._leased:
+            return None
+        holder = await self.leases.holder(context_id)
+        return holder if holder != self.settings.replica_id else None
+
+    def _refusal(self, task_id: str) -> str:
+        return self._refused.pop(task_id, "")
+
+    async def _release(self, context_id: str) -> None:
+        self._ending.pop(context_id, None)
+        try:
+            await self.leases.release(context_id)
+        except SQLAlchemyError as exc:
+            # It expires by itself; the task is over, so nobody adopts it.
+            logger.warning("could not give back the lease of context %s: %s", context_id, exc)
+
+    async def _release_once_stored(self, context_id: str) -> None:
+        """Give the lease back once the SDK has stored the turn's end (its
+        terminal or input-required state): released before that, a crash
+        in between would leave the task working with nobody to adopt it."""
+        with anyio.move_on_after(_END_SAVE_LIMIT):
+            while context_id in self._ending and context_id not in self._leased:
+                task_id, _owner = self._ending[context_id]
+                states = await self._states({task_id})
+                if states.get(task_id) not in _RUNNING_STATES:
+                    await self._release(context_id)
+                    return
+                await anyio.sleep(0.01)
+
+    # -- the lease loop ----------------------------------------------------------
+
+    async def _keep_leases(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.poll)
+            try:
+                await self._tend()
+            except (SQLAlchemyError, OSError) as exc:
+                logger.warning("lease upkeep failed (retried in %g s): %s", self.settings.poll, exc)
+
+    async def _tend(self) -> None:
+        held = dict(self._leased)
+        kept = await self.leases.renew(set(held) | set(self._ending))
+        for context_id, task_id in held.items():
+            if context_id not in kept:
+                self._abort(task_id, "lost", "this replica lost the task's lease to another")
+        states = await self._states(set(held.values()) | {t for t, _ in self._ending.values()})
+        for task_id in held.values():
+            if states.get(task_id) == "TASK_STATE_CANCELED":
+                self._abort(task_id, "aborted", "canceled by request")
+        for context_id, (task_id, _owner) in list(self._ending.items()):
+            if context_id not in self._leased and states.get(task_id) not in _RUNNING_STATES:
+                await self._release(context_id)
+        for lease in await self.leases.expired():
+            claim = await self.leases.adopt(lease)
+            if claim is not None and self._tg is not None:
+                self._tg.start_soon(self._adopt, lease, claim)
+
+    def _abort(self, task_id: str, reason: Any, message: str) -> None:
+        conversation = self.conversation(task_id)
+        if conversation is not None and conversation.running:
+            conversation.abort(reason, message)
+
+    async def _states(self, task_ids: set[str]) -> dict[str, str]:
+        """Each task's stored state name (any owner's)."""
+        if not task_ids:
+            return {}
+        model = self.cluster.tasks.as_task_store.task_model  # type: ignore[attr-defined]
+        async with self.cluster.engine.connect() as conn:
+            rows = await conn.execute(
+                select(model.id, model.status).where(model.id.in_(sorted(task_ids)))
+            )
+            return {str(row[0]): str((row[1] or {}).get("state", "")) for row in rows}
+
+    async def _adopt(self, lease: StaleLease, claim: Claim) -> None:
+        """Continue the turn a dead replica left running (module docstring)."""
+        call_context = ServerCallContext(user=TaskOwner(lease.owner))
+        try:
+            stored = await self.cluster.tasks.get(lease.task_id, call_context)
+            if self.handler is None or stored is None or stored.task.status.state not in _ADOPTABLE:
+                await self._release(lease.context_id)
+                return
+            logger.warning(
+                "adopting task %s (context %s) from replica %s, whose lease expired",
+                lease.task_id,
+                lease.context_id,
+                lease.replica,
+            )
+            self._adopting[lease.task_id] = claim
+            # The SDK's own task machinery runs the turn (its events are
+            # stored and streamed like a request's); no public call starts a
+            # turn without a message, hence the registry.
+            registry = self.handler._active_task_registry
+            active = await registry.get_or_create(
+                lease.task_id, call_context=call_context, create_task_if_missing=False
+            )
+            await active.enqueue_request(
+                RequestContext(
+                    call_context=call_context,
+                    task_id=lease.task_id,
+                    context_id=lease.context_id,
+                    task=stored.task,
+                )
+            )
+        except Exception:
+            # Contained: one task's adoption failing must not stop the loop;
+            # the lease expires again and another try follows.
+            logger.exception("adopting task %s failed", lease.task_id)
+            self._adopting.pop(lease.task_id, None)

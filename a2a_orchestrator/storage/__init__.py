@@ -1,0 +1,3 @@
+"""Where the network keeps what it must not lose: sessions, tasks, journals, leases."""
+
+__all__: list[str] = []

@@ -1,0 +1,337 @@
+"""Where a server keeps its tasks' push notification configs: beside its tasks.
+
+`open_push_config_store` picks the store for a task store: a role server's
+own SQLite file (`SQLiteTaskStore`) gets `SQLitePushConfigStore`, a table
+in the same file; an SQLAlchemy URL (`DatabaseTaskStore`, PostgreSQL for
+replicas) gets a2a-sdk's `DatabasePushNotificationConfigStore` on the same
+engine. Either way configs survive a restart of the server.
+
+`SQLitePushConfigStore` keeps each config as its protobuf bytes, scoped to
+the caller that registered it like the SDK's stores (another caller's are
+not listed, read or deleted), while delivery reads every caller's
+(`get_info_for_dispatch`). The file has one writer, this server, so the ids
+of the tasks that have configs are kept in memory: an event of a task
+without any (nearly all of them) costs no read.
+
+Every store here keeps the operator's `PushLimits`: each task event becomes
+one POST per config of the task, so a caller may not register configs
+without bound. A config past a limit (configs per task, all callers';
+configs per caller, all tasks; the length of any of its fields: URL, token,
+id, tenant, authentication scheme and credentials) is refused
+as invalid params (JSON-RPC -32602, HTTP 400) naming the limit; a config
+registered again under its id replaces itself and counts once. Fields this
+protocol version does not know are dropped before a config is kept: over
+gRPC they arrive as raw bytes that protobuf would keep and store, of any
+size the limits above never see.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
+from a2a.server.tasks import (
+    DatabasePushNotificationConfigStore,
+    DatabaseTaskStore,
+    InMemoryPushNotificationConfigStore,
+    PushNotificationConfigStore,
+)
+from a2a.server.tasks.push_notification_config_store import normalize_push_notification_config
+from a2a.types import InvalidParamsError, TaskPushNotificationConfig
+from sqlalchemy import and_, func, select
+
+from ..errors import ConfigError
+from .sqlitefile import SQLiteFile
+from .taskstore import SQLiteTaskStore
+
+__all__ = [
+    "PUSH_MAX_PER_OWNER_ENV",
+    "PUSH_MAX_PER_TASK_ENV",
+    "PushLimits",
+    "SQLitePushConfigStore",
+    "open_push_config_store",
+]
+
+PUSH_MAX_PER_TASK_ENV = "A2A_PUSH_MAX_PER_TASK"
+PUSH_MAX_PER_OWNER_ENV = "A2A_PUSH_MAX_PER_OWNER"
+
+
+@dataclass(frozen=True)
+class PushLimits:
+    """How many push configs, and how large, a server keeps (see the module docstring)."""
+
+    per_task: int = 10
+    """Configs of one task, all callers' together."""
+    per_owner: int = 1000
+    """Configs one caller has, all tasks together."""
+    url_length: int = 2048
+    token_length: int = 1024
+    id_length: int = 256
+    """Of the config's id, and of the tenant and task id it names."""
+    scheme_length: int = 64
+    """Of `authentication.scheme`."""
+    credentials_length: int = 4096
+    """Of `authentication.credentials` (sent as a header with every delivery)."""
+
+    @classmethod
+    def from_settings(cls, per_task: int | None = None, per_owner: int | None = None) -> PushLimits:
+        """The flags' values (`--push-max-per-task`, `--push-max-per-owner`),
+        else `$A2A_PUSH_MAX_PER_TASK` / `$A2A_PUSH_MAX_PER_OWNER`, else the defaults."""
+        return cls(
+            per_task=_count(per_task, PUSH_MAX_PER_TASK_ENV, cls.per_task),
+            per_owner=_count(per_owner, PUSH_MAX_PER_OWNER_ENV, cls.per_owner),
+        )
+
+    def check_sizes(self, config: TaskPushNotificationConfig) -> None:
+        """Refuse (invalid params) a config with a field too long: every
+        string field of it has a limit, so a config is a few KiB at most."""
+        fields = (
+            ("URL", config.url, self.url_length),
+            ("token", config.token, self.token_length),
+            ("id", config.id, self.id_length),
+            ("task id", config.task_id, self.id_length),
+            ("tenant", config.tenant, self.id_length),
+            ("authentication scheme", config.authentication.scheme, self.scheme_length),
+            (
+                "authentication credentials",
+                config.authentication.credentials,
+                self.credentials_length,
+            ),
+        )
+        for name, value, limit in fields:
+            if len(value) > limit:
+                raise InvalidParamsError(
+                    message=f"push notification {name} longer than {limit} characters"
+                )
+
+    def check_counts(self, task_configs: int, owner_configs: int) -> None:
+        """Refuse (invalid params) one more config when the task already has
+        `task_configs` and its caller `owner_configs`."""
+        if task_configs >= self.per_task:
+            raise InvalidParamsError(
+                message=f"task has {task_configs} push notification configs; the limit is "
+                f"{self.per_task} per task (operator setting --push-max-per-task)"
+            )
+        if owner_configs >= self.per_owner:
+            raise InvalidParamsError(
+                message=f"caller has {owner_configs} push notification configs; the limit is "
+                f"{self.per_owner} per caller (operator setting --push-max-per-owner)"
+            )
+
+
+def _known_fields(config: TaskPushNotificationConfig) -> TaskPushNotificationConfig:
+    """A copy of `config` without the unknown fields a binary (gRPC) request
+    may carry (see the module docstring)."""
+    known = TaskPushNotificationConfig()
+    known.CopyFrom(config)
+    known.DiscardUnknownFields()
+    return known
+
+
+def _count(value: int | None, env: str, default: int) -> int:
+    if value is None:
+        text = os.environ.get(env, "").strip()
+        if not text:
+            return default
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise ConfigError(f"${env}: {text!r} is not a whole number") from exc
+    if value < 1:
+        raise ConfigError(f"push config limit ${env} must be at least 1, not {value}")
+    return value
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS push_configs (
+    task_id TEXT NOT NULL,
+    config_id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (task_id, config_id, owner)
+);
+"""
+
+
+class SQLitePushConfigStore(PushNotificationConfigStore):
+    """Push configs in a table of one SQLite file (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        owner_resolver: OwnerResolver = resolve_user_scope,
+        limits: PushLimits | None = None,
+    ):
+        self._file = SQLiteFile(path, "push config store")
+        self._file.conn.executescript(_SCHEMA)
+        self._owner = owner_resolver
+        self.limits = limits or PushLimits()
+        rows = self._file.conn.execute("SELECT DISTINCT task_id FROM push_configs").fetchall()
+        self._tasks: set[str] = {row[0] for row in rows}
+        """Ids of the tasks that have configs (any caller's)."""
+
+    def close(self) -> None:
+        self._file.close()
+
+    async def set_info(
+        self,
+        task_id: str,
+        notification_config: TaskPushNotificationConfig,
+        context: ServerCallContext,
+    ) -> TaskPushNotificationConfig:
+        self.limits.check_sizes(notification_config)
+        config = normalize_push_notification_config(task_id, _known_fields(notification_config))
+        row = (task_id, config.id, self._owner(context), config.SerializeToString())
+
+        def write() -> None:
+            conn = self._file.conn
+            with conn:
+                # Counted in the writing transaction: this file's only writer.
+                replaces = conn.execute(
+                    "SELECT 1 FROM push_configs WHERE task_id = ? AND config_id = ? AND owner = ?",
+                    row[:3],
+                ).fetchone()
+                if replaces is None:
+                    self.limits.check_counts(
+                        _one(conn, "SELECT count(*) FROM push_configs WHERE task_id = ?", task_id),
+                        _one(conn, "SELECT count(*) FROM push_configs WHERE owner = ?", row[2]),
+                    )
+                conn.execute(
+                    "INSERT INTO push_configs (task_id, config_id, owner, data) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (task_id, config_id, owner) "
+                    "DO UPDATE SET data = excluded.data",
+                    row,
+                )
+
+        await self._file.run(write)
+        self._tasks.add(task_id)
+        return config
+
+    async def _select(
+        self, where: str, params: builtins.list[Any]
+    ) -> list[TaskPushNotificationConfig]:
+        def read() -> builtins.list[bytes]:
+            sql = f"SELECT data FROM push_configs WHERE {where} ORDER BY config_id"
+            return [row[0] for row in self._file.conn.execute(sql, params)]
+
+        return [TaskPushNotificationConfig.FromString(data) for data in await self._file.run(read)]
+
+    async def get_info(
+        self, task_id: str, context: ServerCallContext
+    ) -> list[TaskPushNotificationConfig]:
+        if task_id not in self._tasks:
+            return []
+        return await self._select("task_id = ? AND owner = ?", [task_id, self._owner(context)])
+
+    async def get_info_for_dispatch(self, task_id: str) -> list[TaskPushNotificationConfig]:
+        if task_id not in self._tasks:
+            return []
+        return await self._select("task_id = ?", [task_id])
+
+    async def delete_info(
+        self, task_id: str, context: ServerCallContext, config_id: str | None = None
+    ) -> None:
+        where, params = "task_id = ? AND owner = ?", [task_id, self._owner(context)]
+        if config_id is not None:
+            where, params = where + " AND config_id = ?", [*params, config_id]
+
+        def delete() -> bool:
+            with self._file.conn:
+                self._file.conn.execute(f"DELETE FROM push_configs WHERE {where}", params)
+                left = self._file.conn.execute(
+                    "SELECT 1 FROM push_configs WHERE task_id = ? LIMIT 1", [task_id]
+                ).fetchone()
+            return left is not None
+
+        if not await self._file.run(delete):
+            self._tasks.discard(task_id)
+
+
+def _one(conn: Any, sql: str, *params: Any) -> int:
+    return int(conn.execute(sql, params).fetchone()[0])
+
+
+class _LimitedDatabaseStore(DatabasePushNotificationConfigStore):
+    """a2a-sdk's database store, keeping `PushLimits`. Replicas counting at
+    once may each let one config past a limit: a bound, not an exact count."""
+
+    def __init__(self, engine: Any, limits: PushLimits) -> None:
+        super().__init__(engine, create_table=True)
+        self.limits = limits
+
+    async def set_info(
+        self,
+        task_id: str,
+        notification_config: TaskPushNotificationConfig,
+        context: ServerCallContext,
+    ) -> TaskPushNotificationConfig:
+        self.limits.check_sizes(notification_config)
+        await self._ensure_initialized()
+        model, owner = self.config_model, self.owner_resolver(context)
+        config_id = notification_config.id or task_id
+        async with self.async_session_maker() as session:
+            replaces = await session.scalar(
+                select(func.count())
+                .select_from(model)
+                .where(
+                    and_(
+                        model.task_id == task_id,
+                        model.config_id == config_id,
+                        model.owner == owner,
+                    )
+                )
+            )
+            if not replaces:
+                count = select(func.count()).select_from(model)
+                self.limits.check_counts(
+                    int(await session.scalar(count.where(model.task_id == task_id)) or 0),
+                    int(await session.scalar(count.where(model.owner == owner)) or 0),
+                )
+        return await super().set_info(task_id, _known_fields(notification_config), context)
+
+
+class _LimitedMemoryStore(InMemoryPushNotificationConfigStore):
+    """a2a-sdk's in-memory store, keeping `PushLimits`."""
+
+    def __init__(self, limits: PushLimits) -> None:
+        super().__init__()
+        self.limits = limits
+
+    async def set_info(
+        self,
+        task_id: str,
+        notification_config: TaskPushNotificationConfig,
+        context: ServerCallContext,
+    ) -> TaskPushNotificationConfig:
+        self.limits.check_sizes(notification_config)
+        owner = self.owner_resolver(context)
+        config_id = notification_config.id or task_id
+        with self.lock:
+            mine = self._push_notification_infos.get(owner, {})
+            if not any(c.id == config_id for c in mine.get(task_id, [])):
+                self.limits.check_counts(
+                    sum(len(t.get(task_id, [])) for t in self._push_notification_infos.values()),
+                    sum(len(configs) for configs in mine.values()),
+                )
+            return await super().set_info(task_id, _known_fields(notification_config), context)
+
+
+def open_push_config_store(
+    task_store: object, limits: PushLimits | None = None
+) -> PushNotificationConfigStore:
+    """The push config store beside `task_store` (see the module docstring),
+    keeping `limits` (default: `PushLimits()`); a task store of another kind
+    (kept in memory) gets one in memory."""
+    limits = limits or PushLimits()
+    if isinstance(task_store, SQLiteTaskStore):
+        return SQLitePushConfigStore(task_store.path, limits=limits)
+    # Replicas' versioned store: its plain store holds the engine they share.
+    task_store = getattr(task_store, "as_task_store", task_store)
+    if isinstance(task_store, DatabaseTaskStore):
+        return _LimitedDatabaseStore(task_store.engine, limits)
+    return _LimitedMemoryStore(limits)
