@@ -432,6 +432,12 @@ def build_app(
         if isinstance(executor, ReplicaExecutor):
             # It continues dead replicas' turns through the handler's tasks.
             executor.handler = handler
+    from .orchestrator import OrchestratorExecutor
+
+    if isinstance(executor, OrchestratorExecutor):
+        # It sends a web view's answer to the root parent's question to the
+        # task that asked through the handler, as the caller's message would go.
+        executor.handler = handler
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
