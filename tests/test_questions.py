@@ -795,3 +795,31 @@ async def test_a_parent_agents_question_outlives_a_restart_of_the_server(tmp_pat
     assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     assert isinstance(events[-1], Done) and events[-1].text == "Went on in French.\nTASK_DONE"
     assert parent_inputs(root, asked.context_id) == ["Add a hello module", "French, please"]
+
+
+@pytest.mark.anyio
+async def test_canceling_a_task_whose_parent_agent_asked_withdraws_its_question(
+    tmp_path: Path,
+) -> None:
+    root, env = asking_parent(tmp_path)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with anyio.fail_after(45):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                request = user_message("Add a hello module")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                first, _ = await collect(client, request)
+                asked = first[-1].status_update
+                async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
+                    before = await http.get(f"/ui/sessions/{asked.context_id}")
+                    canceled = await client.cancel_task(CancelTaskRequest(id=asked.task_id))
+                    with anyio.move_on_after(10) as waited:
+                        while True:
+                            page = await http.get(f"/ui/sessions/{asked.context_id}")
+                            if 'class="question"' not in page.text:
+                                break
+                            await anyio.sleep(0.1)
+    assert 'class="question"' in before.text
+    assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+    assert not waited.cancel_called, "the canceled task's question still waits for an answer"
+    assert parent_inputs(root, asked.context_id) == ["Add a hello module"]
