@@ -833,8 +833,9 @@ class OrchestratorExecutor(AgentExecutor):
         try:
             await self.handler.on_message_send(request, call)
         except Exception:
-            # Contained: the question is answered; the task's next message
-            # brings the answer to the parent instead (`_execute`).
+            # Contained (a caller's quota refused it, say): the task still
+            # waits INPUT_REQUIRED, and its next message goes to the parent
+            # as the answer (the web view's, while the session is open).
             logger.exception("the web view's answer to task %s was not sent", run.task_id)
 
     def _react(self, record: _SessionRecord, plane: ControlPlane) -> None:
