@@ -27,7 +27,7 @@ import anyio
 import httpx
 import pytest
 from a2a.helpers import get_message_text
-from a2a.types import CancelTaskRequest, TaskState
+from a2a.types import CancelTaskRequest, SubscribeToTaskRequest, TaskState
 from conftest import a2a_client
 from test_cli import serve_process
 from test_server import collect, user_message
@@ -38,6 +38,7 @@ from a2a_orchestrator.delegation.questions import NO_ANSWER, Questions
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.orchestrator.app import MODE_KEY
+from a2a_orchestrator.protocol.decoding import StreamDecoder
 from a2a_orchestrator.runtime.events import Done, Failed
 from a2a_orchestrator.runtime.records import RecordKind
 from a2a_orchestrator.runtime.roles import find_role
@@ -622,3 +623,203 @@ async def test_a_parent_agents_question_over_a2a_is_answered_by_the_next_message
     assert get_message_text(asked.status.message) == QUESTION
     assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     assert isinstance(events[-1], Done) and events[-1].text == "Went on in French.\nTASK_DONE"
+
+
+def asking_parent(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A work directory whose parent agent (delegate mode) asks, then goes
+    on with the answer; and the server's environment."""
+    root = tmp_path / "project"
+    (root / "roles").mkdir(parents=True)
+    (root / "roles" / "orchestrator.md").write_text(
+        "---\nname: orchestrator\ndescription: a parent that asks\nmodel: default\n"
+        "tools: [agent, ask_parent]\nmax_turns: 4\ntimeout: 60\n---\nYou delegate.\n"
+    )
+    script = tmp_path / "parent.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "ask_parent", "arguments": {"question": QUESTION}}]},
+                {"text": "Went on in French.\nTASK_DONE"},
+            ]
+        )
+    )
+    return root, {**OFFLINE, "A2A_AUTH_TOKEN": TOKEN, "A2A_MODEL_SCRIPT": str(script)}
+
+
+def parent_inputs(root: Path, session: str) -> list[str]:
+    """The parent agent's inputs as the store has them."""
+    events = subprocess.run(
+        [*CLI, "events", session, "--jsonl"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+        env={**os.environ, **OFFLINE},
+    )
+    assert events.returncode == 0, events.stderr
+    rows = [json.loads(line) for line in events.stdout.splitlines()]
+    return [r["payload"]["text"] for r in rows if not r["child_id"] and r["kind"] == "input"]
+
+
+@pytest.mark.anyio
+async def test_the_web_view_answers_a_parent_agents_question_and_its_task_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Delegate mode: the root parent's question shows on the session page
+    (its HTML and its stream) with a box; the box's answer is the parent's
+    next input, as the caller's next message would be, and the task goes on
+    to COMPLETED for a caller re-subscribing to it; the caller's message
+    that comes later is refused, as for any task that has ended."""
+    from test_ui import sse_events
+
+    root, env = asking_parent(tmp_path)
+    followed: list = []  # type: ignore[type-arg]
+    with anyio.fail_after(45):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                request = user_message("Add a hello module")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                first, _ = await collect(client, request)
+                asked = first[-1].status_update
+                task_id, context_id = asked.task_id, asked.context_id
+                async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                    login = await http.post("/ui/login", data={"token": TOKEN})
+                    assert login.status_code == 303
+                    page = await http.get(f"/ui/sessions/{context_id}")
+                    streamed = await sse_events(http, f"/ui/sessions/{context_id}/stream", {}, 3)
+                    csrf = re.search(r'<meta name="csrf-token" content="([0-9a-f]+)">', page.text)
+                    box = re.search(r'<form class="question" [^>]*data-answer="([^"]+)"', page.text)
+                    assert csrf is not None and box is not None, page.text
+                    async with anyio.create_task_group() as tg:
+
+                        async def follow() -> None:
+                            subscription = client.subscribe(SubscribeToTaskRequest(id=task_id))
+                            async for response in subscription:
+                                followed.append(response)
+
+                        tg.start_soon(follow)
+                        while not followed:  # subscribed: it has the task
+                            await anyio.sleep(0.05)
+                        answered = await http.post(
+                            box.group(1),
+                            json={"answer": "French, please"},
+                            headers={"X-CSRF-Token": csrf.group(1)},
+                        )
+                    again = await http.post(
+                        box.group(1),
+                        json={"answer": "English"},
+                        headers={"X-CSRF-Token": csrf.group(1)},
+                    )
+                    after = await http.get(f"/ui/sessions/{context_id}")
+                late = user_message("English", task_id=task_id, context_id=context_id)
+                with pytest.raises(Exception, match="terminal state") as refused:
+                    await collect(client, late)
+    assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert (
+        f'<strong class="who">orchestrator</strong> asks: <span class="text">{QUESTION}</span>'
+        in page.text
+    )
+    questions = [data for _id, name, data in streamed if name == "questions"]
+    assert len(questions) == 1 and len(questions[0]) == 1, streamed
+    assert questions[0][0]["text"] == QUESTION and questions[0][0]["who"] == "orchestrator"
+    assert box.group(1).endswith(f"/questions/{questions[0][0]['id']}")
+    assert answered.status_code == 200 and again.status_code == 409
+    assert 'class="question"' not in after.text
+    states = [r.status_update.status.state for r in followed if r.HasField("status_update")]
+    assert states[-1] == TaskState.TASK_STATE_COMPLETED, followed
+    decoder = StreamDecoder()
+    ended = [event for response in followed for event in decoder.decode(response)]
+    assert "terminal state" in str(refused.value)
+    assert parent_inputs(root, context_id) == ["Add a hello module", "French, please"]
+    assert isinstance(ended[-1], Done) and ended[-1].text == "Went on in French.\nTASK_DONE"
+
+
+@pytest.mark.anyio
+async def test_a_parent_agents_question_answered_by_its_caller_is_gone_from_the_web_view(
+    tmp_path: Path,
+) -> None:
+    """The caller's message answers first: the box's answer is refused (409)."""
+    root, env = asking_parent(tmp_path)
+    with anyio.fail_after(45):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                request = user_message("Add a hello module")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                first, _ = await collect(client, request)
+                asked = first[-1].status_update
+                context_id = asked.context_id
+                async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                    login = await http.post("/ui/login", data={"token": TOKEN})
+                    assert login.status_code == 303
+                    page = await http.get(f"/ui/sessions/{context_id}")
+                    csrf = re.search(r'<meta name="csrf-token" content="([0-9a-f]+)">', page.text)
+                    box = re.search(r'<form class="question" [^>]*data-answer="([^"]+)"', page.text)
+                    assert csrf is not None and box is not None, page.text
+                    answer = user_message(
+                        "French, please", task_id=asked.task_id, context_id=context_id
+                    )
+                    second, events = await collect(client, answer)
+                    late = await http.post(
+                        box.group(1),
+                        json={"answer": "English"},
+                        headers={"X-CSRF-Token": csrf.group(1)},
+                    )
+                    after = await http.get(f"/ui/sessions/{context_id}")
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert isinstance(events[-1], Done) and events[-1].text == "Went on in French.\nTASK_DONE"
+    assert late.status_code == 409 and 'class="question"' not in after.text
+    assert parent_inputs(root, context_id) == ["Add a hello module", "French, please"]
+
+
+@pytest.mark.anyio
+async def test_a_parent_agents_question_outlives_a_restart_of_the_server(tmp_path: Path) -> None:
+    """The question's box goes with the server, not the question: after a
+    restart the caller's next message is still the parent's answer."""
+    root, env = asking_parent(tmp_path)
+    with anyio.fail_after(50):
+        with serve_process(root, "orchestrator", env=env) as (process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                request = user_message("Add a hello module")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                first, _ = await collect(client, request)
+            process.send_signal(signal.SIGTERM)
+            await anyio.to_thread.run_sync(lambda: process.wait(20))
+        asked = first[-1].status_update
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                answer = user_message(
+                    "French, please", task_id=asked.task_id, context_id=asked.context_id
+                )
+                second, events = await collect(client, answer)
+    assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert second[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert isinstance(events[-1], Done) and events[-1].text == "Went on in French.\nTASK_DONE"
+    assert parent_inputs(root, asked.context_id) == ["Add a hello module", "French, please"]
+
+
+@pytest.mark.anyio
+async def test_canceling_a_task_whose_parent_agent_asked_withdraws_its_question(
+    tmp_path: Path,
+) -> None:
+    root, env = asking_parent(tmp_path)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with anyio.fail_after(45):
+        with serve_process(root, "orchestrator", env=env) as (_process, url, _banner):
+            async with a2a_client(url, token=TOKEN) as client:
+                request = user_message("Add a hello module")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                first, _ = await collect(client, request)
+                asked = first[-1].status_update
+                async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
+                    before = await http.get(f"/ui/sessions/{asked.context_id}")
+                    canceled = await client.cancel_task(CancelTaskRequest(id=asked.task_id))
+                    with anyio.move_on_after(10) as waited:
+                        while True:
+                            page = await http.get(f"/ui/sessions/{asked.context_id}")
+                            if 'class="question"' not in page.text:
+                                break
+                            await anyio.sleep(0.1)
+    assert 'class="question"' in before.text
+    assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+    assert not waited.cancel_called, "the canceled task's question still waits for an answer"
+    assert parent_inputs(root, asked.context_id) == ["Add a hello module"]

@@ -75,10 +75,17 @@ class Questions:
         self._changed.set()
         self._changed = anyio.Event()
 
-    async def ask(self, text: str, *, child_id: str = "", agent: str, role: str) -> str:
-        """Ask `text` and wait for the answer (see the module docstring)."""
+    async def ask(
+        self, text: str, *, child_id: str = "", agent: str, role: str, question_id: str = ""
+    ) -> str:
+        """Ask `text` and wait for the answer (see the module docstring);
+        `question_id` names it (default: a new id)."""
         question = Question(
-            id=uuidlib.uuid4().hex[:12], text=text, child_id=child_id, agent=agent, role=role
+            id=question_id or uuidlib.uuid4().hex[:12],
+            text=text,
+            child_id=child_id,
+            agent=agent,
+            role=role,
         )
         waiting = self._waiting[question.id] = _Waiting(question)
         self._notify()

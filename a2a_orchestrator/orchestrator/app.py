@@ -10,7 +10,11 @@ the parent agent's conversation. A pipeline pass that asks (`ask_parent`)
 puts its question to the caller: the task goes INPUT_REQUIRED with the
 question and who asks (a data part), the pipeline waits in the background,
 and the caller's next message on that task is the answer (`questions.py`:
-the web view may answer it too; the first answer counts).
+the web view may answer it too; the first answer counts). In `delegate`
+mode the parent agent at the root asks the same way: its turn ends, the task
+goes INPUT_REQUIRED, and its question waits in `session.questions` too; a
+web view's answer goes to the task as the caller's next message would
+(`_answer_from_view`), so the parent's next turn gets it as input.
 
 The orchestrator's own progress travels as child events (the same wire
 mapping as a role server, so it can itself be a child of another
@@ -31,19 +35,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
-from a2a.helpers import get_message_text, new_data_part, new_text_part
+from a2a.helpers import get_message_text, new_data_part, new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
+from a2a.server.request_handlers import RequestHandler
 from a2a.server.tasks import TaskUpdater
 from a2a.types import (
     AgentCard,
     AgentSkill,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
     Task,
     TaskState,
     TaskStatus,
@@ -102,6 +112,9 @@ __all__ = ["MODE_KEY", "OrchestratorExecutor", "build_orchestrator_card", "run_o
 logger = logging.getLogger(__name__)
 
 MODE_KEY = "a2aOrchestrator.mode"
+ANSWERS_KEY = "a2aOrchestrator.answers"
+"""Metadata of the message that brings a web view's answer to the root
+parent's question (its id) to the task that asked."""
 MODES = ("pipeline", "delegate")
 _UNFOLLOWED = 1000
 """Endings of runs answered from the web view kept for their task's next message."""
@@ -177,6 +190,13 @@ class _TaskRun:
     background while its task waits for the answer)."""
     following: bool = True
     """A request follows the task now (one, or none while it is INPUT_REQUIRED)."""
+    question: str = ""
+    """The id of the root parent agent's question its task waits on (delegate
+    mode), while the answer has not gone to the parent."""
+    answer: str | None = None
+    """The web view's answer to `question`, on its way to the task."""
+    waiter: anyio.CancelScope | None = None
+    """The scope `question` waits in (cancelling the task withdraws it)."""
 
 
 @dataclass(eq=False)
@@ -346,6 +366,9 @@ class OrchestratorExecutor(AgentExecutor):
         self._parent_lock = anyio.Lock()
         self._unfollowed: dict[str, ChildEvent] = {}
         """Task id -> how its run ended while no request followed the task."""
+        self.handler: RequestHandler | None = None
+        """The A2A request handler (`run_orchestrator_server` sets it from the app): a web view's answer
+        to the root parent's question goes to its task through it."""
         # The operator's price table (`A2A_PRICES`), read once at start like
         # the rest of the configuration: not again for each session opened.
         prices = PriceTable.from_env()
@@ -466,6 +489,22 @@ class OrchestratorExecutor(AgentExecutor):
             await emit(ending)
             self.host.release(record)
             return
+        answers = str(metadata.get(ANSWERS_KEY) or "")
+        if answers and (run is None or run.question != answers):
+            # The web view's answer, after the caller's message had taken the
+            # question (and that answer): the task has moved on without it.
+            self.host.release(record)
+            return
+        note = ""
+        if run is not None and run.question:
+            # The root parent's question: this message is its answer, unless
+            # the web view answered first; then the parent gets that answer
+            # (this message brings it, or came just before it).
+            if not session.questions.answer(run.question, text) and run.answer is not None:
+                if not answers:
+                    note = f"answered first in the web view: {run.answer}"
+                text = run.answer
+            run.question, run.answer = "", None
         if waiting and mode == "pipeline" and (run is None or run.asks is None):
             # A pipeline's question this server no longer has (it restarted,
             # or another replica had the task): the answer has nowhere to go.
@@ -483,6 +522,10 @@ class OrchestratorExecutor(AgentExecutor):
         if run is None:
             run = record.tasks[task_id] = _TaskRun(task_id, anyio.CancelScope())
         before = await self.store.session_usage(context_id)
+        if note:
+            await updater.update_status(
+                TaskState.TASK_STATE_WORKING, updater.new_agent_message([new_text_part(note)])
+            )
         try:
             with anyio.CancelScope() as scope:
                 run.scope, run.following = scope, True
@@ -494,7 +537,9 @@ class OrchestratorExecutor(AgentExecutor):
                         elif mode == "pipeline":
                             await self._pipeline(record, session, run, text, emit, updater)
                         else:
-                            await self._delegate(record, session, run, text, emit)
+                            await self._delegate(
+                                record, session, run, text, emit, context.call_context
+                            )
                     except Exception as exc:  # contained: the client gets a failed task
                         logger.exception("orchestrator task %s failed", task_id)
                         await emit(Failed(reason="error", message=f"{type(exc).__name__}: {exc}"))
@@ -511,7 +556,7 @@ class OrchestratorExecutor(AgentExecutor):
                 )
         finally:
             run.following = False
-            if run.asks is None or run.ended.is_set():
+            if (run.asks is None and not run.question) or run.ended.is_set():
                 record.tasks.pop(task_id, None)
             self.host.release(record)
 
@@ -696,6 +741,7 @@ class OrchestratorExecutor(AgentExecutor):
         run: _TaskRun,
         text: str,
         emit: Callable[[ChildEvent], Any],
+        caller: ServerCallContext | None,
     ) -> None:
         # One parent agent per session while the session is open; a later
         # request restores it from the store.
@@ -714,7 +760,83 @@ class OrchestratorExecutor(AgentExecutor):
         self._react(record, parent.plane)
         await session.recover()
         run.run = parent
-        await parent.run(text, emit)
+        ending = await parent.run(text, emit)
+        if isinstance(ending, InputRequired) and self.handler is not None:
+            self._ask_root(record, session, run, parent, ending.question, caller)
+
+    def _ask_root(
+        self,
+        record: _SessionRecord,
+        session: Session,
+        run: _TaskRun,
+        parent: ParentAgent,
+        question: str,
+        caller: ServerCallContext | None,
+    ) -> None:
+        """Put the root parent's question in `session.questions`, where the
+        web view shows it with its box, while its task waits INPUT_REQUIRED.
+        The task's next message takes it (`_execute`); the web view's answer,
+        if it comes first, goes to the task as that message would
+        (`_answer_from_view`). Its conversation is in the store, so after a
+        restart the next message still answers it, without the box."""
+        asked = run.question = uuidlib.uuid4().hex[:12]
+        context_id = session.id
+
+        async def wait() -> None:
+            try:
+                if run.question == asked:  # else the task's next message came first
+                    await ask()
+            finally:
+                self.host.release(record)
+
+        async def ask() -> None:
+            answer: str | None = None
+            try:
+                with anyio.CancelScope() as run.waiter:
+                    answer = await session.questions.ask(
+                        question, agent=parent.role.name, role=parent.role.name, question_id=asked
+                    )
+            finally:
+                run.waiter = None
+            if answer is None or run.question != asked:
+                # Withdrawn (the task was canceled), or the task's next
+                # message answered it (that request goes on with it).
+                if run.question == asked:
+                    run.question = ""
+                if not run.following and not run.question:
+                    record.tasks.pop(run.task_id, None)
+                return
+            run.answer = answer
+            await self._answer_from_view(run, context_id, answer, caller)
+
+        # The question keeps the session open while it waits, and until its
+        # answer's request holds the session in turn.
+        self.host.hold(record)
+        session.start_soon(wait, name=f"question of task {run.task_id}")
+
+    async def _answer_from_view(
+        self, run: _TaskRun, context_id: str, answer: str, caller: ServerCallContext | None
+    ) -> None:
+        """Send the web view's answer to the task that asked, as its caller's
+        next message: through the same request path, so the parent's next
+        turn gets it as input and the task's events are stored and streamed
+        to whoever follows it (a caller re-subscribing sees it go on)."""
+        assert self.handler is not None
+        message = new_text_message(
+            answer, context_id=context_id, task_id=run.task_id, role=Role.ROLE_USER
+        )
+        message.metadata.update({ANSWERS_KEY: run.question})
+        request = SendMessageRequest(
+            message=message, configuration=SendMessageConfiguration(return_immediately=True)
+        )
+        call = ServerCallContext(user=caller.user) if caller is not None else ServerCallContext()
+        try:
+            await self.handler.on_message_send(request, call)
+        except Exception:
+            # Contained (a caller's quota refused it, say): the task still
+            # waits INPUT_REQUIRED, and its next message goes to the parent
+            # as the answer (the web view's, while the session is open).
+            logger.exception("the web view's answer to task %s was not sent", run.task_id)
 
     def _react(self, record: _SessionRecord, plane: ControlPlane) -> None:
         """Attach the configured reactions to a session's root parent (once)."""
@@ -730,6 +852,8 @@ class OrchestratorExecutor(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = self._task(context.task_id or "")
+        if task is not None and task.waiter is not None:
+            task.waiter.cancel()  # its root parent's question goes
         if task is not None and task.run is not None:
             await task.run.cancel()
 
@@ -856,6 +980,9 @@ async def run_orchestrator_server(
         streams=streams,
         body_timeout=body_timeout,
     )
+    # The executor sends a web view's answer to the root parent's question
+    # through the handler that drives it, as the caller's message would go.
+    executor.handler = app.state.handler
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py), on the view's
     # own routes only.
