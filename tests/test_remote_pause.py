@@ -132,6 +132,53 @@ async def test_pause_child_holds_the_child_at_the_match(transport: str, tmp_path
     assert all(calls[f"trial {t}"] == len(PLAN) for t in range(TRIALS))
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_pause_that_lands_while_a_resume_is_answered_stands(
+    transport: str, tmp_path: Path
+) -> None:
+    # The parent resumes the child held at the first match; the child runs
+    # to the second match and the supervisor pauses it there before the
+    # resume's answer is read (a loaded machine). The handle must report
+    # the pause, the later decision: a parent waiting for it hung.
+    calls: Counter[str] = Counter()
+    with anyio.fail_after(30):
+        async with session_for(transport, tmp_path, plan_script(calls)) as session:
+            plane = ControlPlane(session)
+            supervisor = Supervisor(plane)
+            pid = (await supervisor.act("spawn", {"template": "coder", "task": "t"}))["pid"]
+            handle = supervisor.session.children[pid]
+            await wait_started(handle)
+            await supervisor.act(
+                "subscribe", {"child": pid, "event": FAILS, "inject": "x", "pause_child": True}
+            )
+            await wait_for(lambda: len(failures(handle)) == 1 and handle.paused)
+            run_pause, run_resume = handle.run.pause, handle.run.resume
+            pauses: list[None] = []
+
+            async def pause() -> None:
+                await run_pause()
+                pauses.append(None)
+
+            # Not faked, only late: the real resume, whose answer is read
+            # once the supervisor's pause of the second match was answered.
+            async def late_resume() -> None:
+                await run_resume()
+                await wait_for(lambda: pauses)
+
+            handle.run.pause, handle.run.resume = pause, late_resume  # type: ignore[method-assign]
+            await supervisor.act("resume", {"pid": pid})
+            handle.run.pause, handle.run.resume = run_pause, run_resume  # type: ignore[method-assign]
+            assert len(failures(handle)) == 2
+            assert handle.paused
+            await anyio.sleep(HELD_FOR)
+            assert handle.log[-1] == handle.log[failures(handle)[-1]]  # held at the match
+            await supervisor.act("resume", {"pid": pid})
+            result = await handle.result()
+            supervisor.close()
+            plane.close()
+    assert isinstance(result, Done) and result.text == "done"
+
+
 class Recorder:
     def __init__(self, on_event: Any = None) -> None:
         self.events: list[ChildEvent] = []
