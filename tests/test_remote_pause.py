@@ -24,7 +24,7 @@ from test_delegation import TRANSPORTS, config, session_for
 
 from a2a_orchestrator.control import ControlPlane
 from a2a_orchestrator.delegation import ChildHandle
-from a2a_orchestrator.events import ChildEvent, Done, ToolResult
+from a2a_orchestrator.events import TERMINAL_KINDS, ChildEvent, Done, ToolResult
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.runtime import Conversation
 from a2a_orchestrator.selectors import Selector
@@ -37,6 +37,8 @@ pytestmark = pytest.mark.anyio
 TRIALS = 20
 HELD_FOR = 0.1
 """How long a held child is watched for a step: a step here takes milliseconds."""
+CONFIRMED_WITHIN = 10.0
+"""How long the supervisor's pause may take to confirm a hold (a loaded machine)."""
 
 FAILS = {"kind": "tool_result", "success": False}
 
@@ -99,18 +101,24 @@ async def test_pause_child_holds_the_child_at_the_match(transport: str, tmp_path
         )
         assert not failures(handle), "the test subscribed too late"
         for match in (1, 2):
-            await wait_for(lambda: len(failures(handle)) == match)  # noqa: B023 (awaited here)
+            # At least: a child not held at a match runs on past it (`late`).
+            await wait_for(lambda: len(failures(handle)) >= match)  # noqa: B023 (awaited here)
             model_calls = calls[task]
             await anyio.sleep(HELD_FOR)
-            after = [e.kind for e in handle.log[failures(handle)[-1] + 1 :]]
+            after = [e.kind for e in handle.log[failures(handle)[match - 1] + 1 :]]
             if after or calls[task] != model_calls:
                 late.append((number, match, after))
             # The supervisor confirms the hold from its own watcher, beside
             # the child (the hold itself is what `late` checks): under load
-            # its pause may land after HELD_FOR.
-            await wait_for(lambda: handle.paused)
-            assert handle.paused
-            await supervisor.act("resume", {"pid": pid})
+            # its pause may land after HELD_FOR. A child that ran on to its
+            # end has nothing left to pause (it is in `late`); one the handle
+            # never reports paused is recorded and resumed all the same.
+            with anyio.move_on_after(CONFIRMED_WITHIN):
+                await wait_for(lambda: handle.paused or handle.log[-1].kind in TERMINAL_KINDS)
+            if not (handle.paused or after):
+                late.append((number, match, ["pause not confirmed"]))
+            if handle.log[-1].kind not in TERMINAL_KINDS:
+                await supervisor.act("resume", {"pid": pid})
         results.append(await handle.result())
         await supervisor.act("unsubscribe", {"id": subscribed["id"]})
 
