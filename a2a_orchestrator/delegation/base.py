@@ -610,14 +610,19 @@ class ChildHandle:
         return was
 
     async def pause(self) -> None:
-        self._decisions += 1
-        await self.run.pause()
-        self.paused = True
+        await self._decide(self.run.pause, paused=True)
 
     async def resume(self) -> None:
+        await self._decide(self.run.resume, paused=False)
+
+    async def _decide(self, send: Callable[[], Awaitable[None]], *, paused: bool) -> None:
         self._decisions += 1
-        await self.run.resume()
-        self.paused = False
+        decision = self._decisions
+        await send()
+        # A decision taken while this one was answered came after it (a
+        # pause at the match the resumed child ran to): the later one stands.
+        if self._decisions == decision:
+            self.paused = paused
 
     async def pause_on(self, rule_id: str, selector: Selector | None) -> None:
         """Set (None: drop) a pause rule: the child holds itself right after
