@@ -367,8 +367,9 @@ class OrchestratorExecutor(AgentExecutor):
         self._unfollowed: dict[str, ChildEvent] = {}
         """Task id -> how its run ended while no request followed the task."""
         self.handler: RequestHandler | None = None
-        """The A2A request handler (`run_orchestrator_server` sets it from the app): a web view's answer
-        to the root parent's question goes to its task through it."""
+        """The A2A request handler (`run_orchestrator_server` sets it from the
+        app): a web view's answer to the root parent's question goes to its
+        task through it."""
         # The operator's price table (`A2A_PRICES`), read once at start like
         # the rest of the configuration: not again for each session opened.
         prices = PriceTable.from_env()
