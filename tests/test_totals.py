@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,14 @@ import anyio
 import httpx
 import pytest
 from conftest import a2a_client
+from test_orchestrator_server import network_up
 from test_server import collect, user_message
 
 from a2a_orchestrator.cli.defaults import NO_SIGNAL_EXIT
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.orchestrator.demo import prepare_workdir
 from a2a_orchestrator.runtime.events import Done
 from a2a_orchestrator.runtime.records import RecordKind
 from a2a_orchestrator.storage.store import ROOT_ID, Store
@@ -244,3 +247,27 @@ async def test_a_store_from_before_counts_its_parent_agents_turns(tmp_path: Path
                 store.close()
         assert before == (0,)
         assert [(t.tokens, t.model_calls) for t in totals] == [(1100, 1), (1100, 1)]
+
+
+@pytest.mark.timeout(120)
+async def test_a_pipeline_tasks_answer_reports_the_sessions_spend(tmp_path: Path) -> None:
+    """A pipeline run over A2A (the default mode): its ending, sent when the
+    run ends (not through the request's own events), reports the session's
+    spend in that task as a parent's does: the passes' calls."""
+    workdir = prepare_workdir(tmp_path / "project")
+    with anyio.fail_after(90):
+        async with AsyncExitStack() as stack:
+            url = await network_up(stack, workdir)
+            async with a2a_client(url) as client:
+                _, events = await collect(client, user_message("Add slugify to textkit"))
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        (session,) = await store.list_sessions()
+        total = await store.session_usage(session["id"])
+    finally:
+        store.close()
+    done = events[-1]
+    assert isinstance(done, Done), done
+    assert total.model_calls >= 3 and total.tokens > 0
+    assert (done.spent.tokens, done.spent.model_calls) == (total.tokens, total.model_calls)
+    assert done.usage.input_tokens == total.input_tokens
