@@ -24,6 +24,7 @@ import anyio
 import httpx
 import pytest
 from conftest import a2a_client
+from postgres import Postgres
 from test_orchestrator_server import network_up
 from test_server import collect, user_message
 
@@ -35,6 +36,7 @@ from a2a_orchestrator.orchestrator.demo import prepare_workdir
 from a2a_orchestrator.runtime.events import Done
 from a2a_orchestrator.runtime.records import RecordKind
 from a2a_orchestrator.storage.store import ROOT_ID, Store
+from a2a_orchestrator.storage.store_pg import PgStore
 
 pytestmark = pytest.mark.anyio
 
@@ -271,3 +273,36 @@ async def test_a_pipeline_tasks_answer_reports_the_sessions_spend(tmp_path: Path
     assert total.model_calls >= 3 and total.tokens > 0
     assert (done.spent.tokens, done.spent.model_calls) == (total.tokens, total.model_calls)
     assert done.usage.input_tokens == total.input_tokens
+
+
+@pytest.mark.timeout(120)
+async def test_a_postgresql_store_from_before_counts_its_parent_agents_turns_once(
+    postgres: Postgres,
+) -> None:
+    """The same on PostgreSQL (migration m004), agreeing with SQLite: the
+    root's turns counted once, a child's row (the live code's) left alone."""
+    url = postgres.url(postgres.database())
+    spent = {"input_tokens": 1000, "output_tokens": 100, "model_calls": 1, "seconds": 1.5}
+    with anyio.fail_after(60):
+        store = PgStore(url)
+        try:
+            await store.create_session("s")
+            await store.append_event("s", "done", {"text": "ok", "spent": spent}, uuid="root")
+            await store.append_event("s", "done", {"spent": spent}, child_id="c", uuid="child")
+            # As an earlier version left it: no row for the root's turn, m004 not applied.
+            await store._execute("DELETE FROM turn_usage WHERE child_id = ''")
+            await store._execute("DELETE FROM a2a_migrations WHERE name = 'm004_root_usage'")
+        finally:
+            store.close()
+        totals = []
+        for _ in range(2):
+            store = PgStore(url)
+            try:
+                totals.append(await store.child_usage("s"))
+            finally:
+                store.close()
+    for own in totals:
+        assert {k: (v.tokens, v.model_calls, v.seconds) for k, v in own.items()} == {
+            ROOT_ID: (1100, 1, 1.5),
+            "c": (1100, 1, 1.5),
+        }
