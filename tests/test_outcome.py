@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -78,3 +79,36 @@ async def test_a_pipelines_outcome_is_its_record(tmp_path: Path) -> None:
             "running": ("unfinished", "", ""),
         }
         assert done.ended_at == 5.0 and done.run_kind == "pipeline"
+
+
+async def test_a_finished_sessions_outcome_costs_its_turns_not_its_events(tmp_path: Path) -> None:
+    """`status` and the web view's list read every session's outcome: a
+    finished parent run's must not read its whole event log. Measured in
+    SQLite virtual machine steps (deterministic, unlike a time), on two
+    sessions that differ only in their children's events."""
+    with anyio.fail_after(60):
+        store = Store(tmp_path / "s.db")
+        try:
+            for sid, messages in (("small", 10), ("big", 20_000)):
+                await store.create_session(sid)
+                entries: list[Any] = [(sid, None, RecordKind.INPUT, {"text": "go"}, None)]
+                entries += [(sid, "c", "message", {"text": "x"}, None)] * messages
+                entries.append((sid, "c", "done", {"text": "ok"}, None))
+                done = event_to_dict(Done(text="Done.\nTASK_DONE"))
+                entries.append((sid, None, "done", done, None))
+                await store.append_events(entries)
+            steps = {}
+            for sid in ("small", "big"):
+                counted = [0]
+
+                def count(counted: list[int] = counted) -> int:
+                    counted[0] += 1
+                    return 0  # go on
+
+                store._db.conn.set_progress_handler(count, 100)
+                assert (await told(store, sid))[0] == "TASK_DONE"
+                store._db.conn.set_progress_handler(None, 0)
+                steps[sid] = counted[0]
+        finally:
+            store.close()
+    assert steps["big"] <= 2 * steps["small"] + 10, steps

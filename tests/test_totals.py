@@ -299,6 +299,8 @@ async def test_a_postgresql_store_from_before_counts_its_parent_agents_turns_onc
             store = PgStore(url)
             try:
                 totals.append(await store.child_usage("s"))
+                last = await store.last_root_turn_end("s")  # what `outcome_of` reads
+                assert last is not None and (last.uuid, last.payload["text"]) == ("root", "ok")
             finally:
                 store.close()
     for own in totals:
