@@ -308,3 +308,43 @@ async def test_a_postgresql_store_from_before_counts_its_parent_agents_turns_onc
             ROOT_ID: (1100, 1, 1.5),
             "c": (1100, 1, 1.5),
         }
+
+
+@pytest.mark.timeout(120)
+async def test_two_tasks_at_once_in_one_session_report_each_call_once(tmp_path: Path) -> None:
+    """Two A2A tasks in one context at the same time: their endings report
+    the session's spend between them, each model call once (a caller adding
+    them up counts what the session spent, not more)."""
+    # Each parent turn is one call, slow enough that both tasks have started
+    # before the first one ends.
+    model = ScriptedModel(lambda messages: {"text": "Done.\nTASK_DONE", "usage": CALL, "delay": 1})
+    context_id = "c0ffee" * 5 + "00"
+    ends: list[Any] = []
+    with anyio.fail_after(90):
+        async with (
+            run_orchestrator_server(
+                store_path=tmp_path / "orchestrator.db",
+                workdir=tmp_path,
+                network=Network.of(AgentSpec(name="coder", role="coder")),
+                models=lambda name: model,
+                db=str(tmp_path / "orchestrator-tasks.db"),
+            ) as server,
+            a2a_client(server.url) as client,
+        ):
+
+            async def task(text: str) -> None:
+                request = user_message(text, context_id=context_id)
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                ends.append((await collect(client, request))[1][-1])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(task, "first")
+                tg.start_soon(task, "second")
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        total = await store.session_usage(context_id)
+    finally:
+        store.close()
+    assert all(isinstance(end, Done) for end in ends), ends
+    assert total.model_calls == 2
+    assert sum(end.spent.tokens for end in ends) == total.tokens == 2 * 1100

@@ -197,10 +197,6 @@ class _TaskRun:
     """The web view's answer to `question`, on its way to the task."""
     waiter: anyio.CancelScope | None = None
     """The scope `question` waits in (cancelling the task withdraws it)."""
-    reported: Spend | None = None
-    """The session's total when the task last reported its spend (when it
-    started, before its first turn end): each turn end reports what the
-    session spent since (`OrchestratorExecutor._reported`)."""
 
 
 @dataclass(eq=False)
@@ -219,6 +215,13 @@ class _SessionRecord:
     """Its parent agent (delegate mode), kept while the session is open."""
     reactions: Reactions | None = None
     """The configured reactions, attached to its root parent once."""
+    reported: Spend | None = None
+    """The session's total when one of its tasks last reported its spend (or
+    when the first started): each turn end reports what the session spent
+    since (`OrchestratorExecutor._reported`), so tasks at once, or a turn
+    that asked and the one that answers, count each call once between them."""
+    reporting: anyio.Lock = field(default_factory=anyio.Lock)
+    """Held while a report reads the total and moves `reported` on."""
     tasks: dict[str, _TaskRun] = field(default_factory=dict)
     """A2A task id -> the task running in it."""
     lost: bool = False
@@ -447,8 +450,8 @@ class OrchestratorExecutor(AgentExecutor):
         opening = task.history[0] if task is not None and task.history else None
         mode = str(metadata.get(MODE_KEY) or metadata_of(opening).get(MODE_KEY) or "pipeline")
         # The task's turn ends report what the whole session spent (see
-        # `_reported`), once the task has a run to count from.
-        reporting: _TaskRun | None = None
+        # `_reported`), once the session is open to count from.
+        reporting: _SessionRecord | None = None
 
         async def emit(event: ChildEvent) -> None:
             if reporting is not None:
@@ -518,9 +521,10 @@ class OrchestratorExecutor(AgentExecutor):
             return
         if run is None:
             run = record.tasks[task_id] = _TaskRun(task_id, anyio.CancelScope())
-        if run.reported is None:
-            run.reported = await self.store.session_usage(context_id)
-        reporting = run
+        async with record.reporting:
+            if record.reported is None:
+                record.reported = await self.store.session_usage(context_id)
+        reporting = record
         if note:
             await updater.update_status(
                 TaskState.TASK_STATE_WORKING, updater.new_agent_message([new_text_part(note)])
@@ -654,7 +658,7 @@ class OrchestratorExecutor(AgentExecutor):
                     run.ending = Failed(reason="error", message=f"{type(exc).__name__}: {exc}")
                 # Sent by `_follow` (or kept for the task's next message), not
                 # through the request's `emit`: it reports the run's spend here.
-                run.ending = await self._reported(run, session.id, run.ending)
+                run.ending = await self._reported(record, session.id, run.ending)
             finally:
                 run.ended.set()
                 if not run.following:
@@ -667,18 +671,19 @@ class OrchestratorExecutor(AgentExecutor):
         session.start_soon(work, name=f"pipeline of task {run.task_id}")
         await self._follow(session, run, updater)
 
-    async def _reported(self, run: _TaskRun, session_id: str, event: ChildEvent) -> ChildEvent:
+    async def _reported(
+        self, record: _SessionRecord, session_id: str, event: ChildEvent
+    ) -> ChildEvent:
         """`event`, when it ends a turn, with what the whole session spent
-        since the task's last report (the parent agent's or the pipeline's
-        calls and every child's), so a caller that delegates to this
-        orchestrator counts all of it, not only the root's own calls. The
-        mark is the run's, so a turn that asked and the one that answers
-        count each call once between them, and what ran between them too."""
-        if run.reported is None or not isinstance(event, Done | Failed | InputRequired):
+        since its last report (the parent agent's or the pipeline's calls and
+        every child's), so a caller that delegates to this orchestrator counts
+        all of it, not only the root's own calls, and each call once."""
+        if record.reported is None or not isinstance(event, Done | Failed | InputRequired):
             return event
-        total = await self.store.session_usage(session_id)
-        spent = dataclasses.replace(total - run.reported, seconds=event.spent.seconds)
-        run.reported = total
+        async with record.reporting:
+            total = await self.store.session_usage(session_id)
+            spent = dataclasses.replace(total - record.reported, seconds=event.spent.seconds)
+            record.reported = total
         event = dataclasses.replace(event, spent=spent)
         if isinstance(event, InputRequired):
             return event
