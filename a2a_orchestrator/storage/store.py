@@ -760,7 +760,8 @@ class Store:
         def row() -> StoredEvent | None:
             cursor = self._db.conn.execute(
                 "SELECT e.* FROM turn_usage t JOIN events e ON e.uuid = t.uuid"
-                " WHERE t.session_id = ? AND t.child_id = ? ORDER BY e.seq DESC LIMIT 1",
+                # `+`: by the session's index, not child_id's (every root's '').
+                " WHERE t.session_id = ? AND +t.child_id = ? ORDER BY e.seq DESC LIMIT 1",
                 (session_id, ROOT_ID),
             )
             values = cursor.fetchone()
