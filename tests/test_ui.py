@@ -35,6 +35,7 @@ from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
 from a2a_orchestrator.runtime.events import (
     AssistantMessage,
     Done,
+    Failed,
     Started,
     ToolCalled,
     event_to_dict,
@@ -700,6 +701,19 @@ async def test_an_operator_sees_the_sessions_run_from_the_command_line(tmp_path:
             theirs = await http.get(
                 f"/ui/sessions/{session['id']}", headers={"Authorization": f"Bearer {team_token}"}
             )
+            # Seeing is all the marking gives: over A2A the operator cannot
+            # add a turn to the session (it belongs to no caller).
+            async with a2a_client(server.url, token=ops_token) as client:
+                _, sent = await collect(
+                    client, user_message("Take it over", context_id=session["id"])
+                )
+    store = Store(store_path)
+    try:
+        inputs = await store.events(session["id"], kinds=[RecordKind.INPUT])
+    finally:
+        store.close()
+    assert isinstance(sent[-1], Failed) and "cannot be used by this caller" in sent[-1].message
+    assert [e.payload["text"] for e in inputs] == ["Check the CLI session"]
     # The server's own token and a caller marked operator see it; another caller does not.
     assert seen == {"server token": (1, True), "ops": (1, True), "team": (0, False)}
     assert api_sessions[0]["title"] == "Check the CLI session"
