@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -78,3 +79,50 @@ async def test_a_pipelines_outcome_is_its_record(tmp_path: Path) -> None:
             "running": ("unfinished", "", ""),
         }
         assert done.ended_at == 5.0 and done.run_kind == "pipeline"
+
+
+async def test_a_finished_sessions_outcome_costs_its_turns_not_its_events(tmp_path: Path) -> None:
+    """`status` and the web view's list read every session's outcome: a
+    finished parent run's must read neither its whole event log nor the
+    other sessions' turns. Measured in SQLite virtual machine steps
+    (deterministic, unlike a time): a session with 10 events of its
+    children, one with 20,000, and the first again once 2,000 other
+    sessions have ended their parent's turns."""
+
+    def session(sid: str, messages: int) -> list[Any]:
+        entries: list[Any] = [(sid, None, RecordKind.INPUT, {"text": "go"}, None)]
+        entries += [(sid, "c", "message", {"text": "x"}, None)] * messages
+        entries.append((sid, "c", "done", {"text": "ok"}, None))
+        entries.append((sid, None, "done", event_to_dict(Done(text="Done.\nTASK_DONE")), None))
+        return entries
+
+    async def steps(store: Store, sid: str) -> int:
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0  # go on
+
+        store._db.conn.set_progress_handler(count, 100)
+        try:
+            assert (await told(store, sid))[0] == "TASK_DONE"
+        finally:
+            store._db.conn.set_progress_handler(None, 0)
+        return counted[0]
+
+    with anyio.fail_after(60):
+        store = Store(tmp_path / "s.db")
+        try:
+            for sid, messages in (("small", 10), ("big", 20_000)):
+                await store.create_session(sid)
+                await store.append_events(session(sid, messages))
+            small = await steps(store, "small")
+            big = await steps(store, "big")
+            others = [f"other-{i}" for i in range(2000)]
+            for sid in others:
+                await store.create_session(sid)
+            await store.append_events([e for sid in others for e in session(sid, 0)])
+            crowded = await steps(store, "small")
+        finally:
+            store.close()
+    assert big <= 2 * small + 10 and crowded <= 2 * small + 10, (small, big, crowded)

@@ -90,6 +90,15 @@ def project(root: Path, *, delay: float = 0) -> Path:
     return root
 
 
+async def session_tokens(root: Path, session: str) -> int:
+    """The session's tokens as every view sums them (`Store.session_usage`)."""
+    store = Store(root / ".a2a" / "orchestrator.db")
+    try:
+        return (await store.session_usage(session)).tokens
+    finally:
+        store.close()
+
+
 def architect_inputs(root: Path, session: str) -> list[str]:
     """The architect's inputs as the store has them: its task, then the answer."""
     events = subprocess.run(
@@ -362,6 +371,9 @@ async def test_over_a2a_a_question_is_input_required_and_the_next_message_answer
     assert isinstance(done, Done) and done.text.startswith("TASK_DONE")
     # The answer was the architect's `ask_parent` result, in its own conversation.
     assert architect_inputs(root, context_id)[1:] == ["French, please"]
+    # The task's ending reports every call of the run, those before the
+    # question too (its INPUT_REQUIRED reported none), each once.
+    assert done.spent.tokens == await session_tokens(root, context_id) > 0
 
 
 @pytest.mark.anyio

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,19 @@ import anyio
 import httpx
 import pytest
 from conftest import a2a_client
+from postgres import Postgres
+from test_orchestrator_server import network_up
 from test_server import collect, user_message
 
 from a2a_orchestrator.cli.defaults import NO_SIGNAL_EXIT
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
+from a2a_orchestrator.orchestrator.demo import prepare_workdir
 from a2a_orchestrator.runtime.events import Done
 from a2a_orchestrator.runtime.records import RecordKind
 from a2a_orchestrator.storage.store import ROOT_ID, Store
+from a2a_orchestrator.storage.store_pg import PgStore
 
 pytestmark = pytest.mark.anyio
 
@@ -244,3 +249,102 @@ async def test_a_store_from_before_counts_its_parent_agents_turns(tmp_path: Path
                 store.close()
         assert before == (0,)
         assert [(t.tokens, t.model_calls) for t in totals] == [(1100, 1), (1100, 1)]
+
+
+@pytest.mark.timeout(120)
+async def test_a_pipeline_tasks_answer_reports_the_sessions_spend(tmp_path: Path) -> None:
+    """A pipeline run over A2A (the default mode): its ending, sent when the
+    run ends (not through the request's own events), reports the session's
+    spend in that task as a parent's does: the passes' calls."""
+    workdir = prepare_workdir(tmp_path / "project")
+    with anyio.fail_after(90):
+        async with AsyncExitStack() as stack:
+            url = await network_up(stack, workdir)
+            async with a2a_client(url) as client:
+                _, events = await collect(client, user_message("Add slugify to textkit"))
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        (session,) = await store.list_sessions()
+        total = await store.session_usage(session["id"])
+    finally:
+        store.close()
+    done = events[-1]
+    assert isinstance(done, Done), done
+    assert total.model_calls >= 3 and total.tokens > 0
+    assert (done.spent.tokens, done.spent.model_calls) == (total.tokens, total.model_calls)
+    assert done.usage.input_tokens == total.input_tokens
+
+
+@pytest.mark.timeout(120)
+async def test_a_postgresql_store_from_before_counts_its_parent_agents_turns_once(
+    postgres: Postgres,
+) -> None:
+    """The same on PostgreSQL (migration m004), agreeing with SQLite: the
+    root's turns counted once, a child's row (the live code's) left alone."""
+    url = postgres.url(postgres.database())
+    spent = {"input_tokens": 1000, "output_tokens": 100, "model_calls": 1, "seconds": 1.5}
+    with anyio.fail_after(60):
+        store = PgStore(url)
+        try:
+            await store.create_session("s")
+            await store.append_event("s", "done", {"text": "ok", "spent": spent}, uuid="root")
+            await store.append_event("s", "done", {"spent": spent}, child_id="c", uuid="child")
+            # As an earlier version left it: no row for the root's turn, m004 not applied.
+            await store._execute("DELETE FROM turn_usage WHERE child_id = ''")
+            await store._execute("DELETE FROM a2a_migrations WHERE name = 'm004_root_usage'")
+        finally:
+            store.close()
+        totals = []
+        for _ in range(2):
+            store = PgStore(url)
+            try:
+                totals.append(await store.child_usage("s"))
+                last = await store.last_root_turn_end("s")  # what `outcome_of` reads
+                assert last is not None and (last.uuid, last.payload["text"]) == ("root", "ok")
+            finally:
+                store.close()
+    for own in totals:
+        assert {k: (v.tokens, v.model_calls, v.seconds) for k, v in own.items()} == {
+            ROOT_ID: (1100, 1, 1.5),
+            "c": (1100, 1, 1.5),
+        }
+
+
+@pytest.mark.timeout(120)
+async def test_two_tasks_at_once_in_one_session_report_each_call_once(tmp_path: Path) -> None:
+    """Two A2A tasks in one context at the same time: their endings report
+    the session's spend between them, each model call once (a caller adding
+    them up counts what the session spent, not more)."""
+    # Each parent turn is one call, slow enough that both tasks have started
+    # before the first one ends.
+    model = ScriptedModel(lambda messages: {"text": "Done.\nTASK_DONE", "usage": CALL, "delay": 1})
+    context_id = "c0ffee" * 5 + "00"
+    ends: list[Any] = []
+    with anyio.fail_after(90):
+        async with (
+            run_orchestrator_server(
+                store_path=tmp_path / "orchestrator.db",
+                workdir=tmp_path,
+                network=Network.of(AgentSpec(name="coder", role="coder")),
+                models=lambda name: model,
+                db=str(tmp_path / "orchestrator-tasks.db"),
+            ) as server,
+            a2a_client(server.url) as client,
+        ):
+
+            async def task(text: str) -> None:
+                request = user_message(text, context_id=context_id)
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                ends.append((await collect(client, request))[1][-1])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(task, "first")
+                tg.start_soon(task, "second")
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        total = await store.session_usage(context_id)
+    finally:
+        store.close()
+    assert all(isinstance(end, Done) for end in ends), ends
+    assert total.model_calls == 2
+    assert sum(end.spent.tokens for end in ends) == total.tokens == 2 * 1100

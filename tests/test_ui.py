@@ -32,7 +32,15 @@ from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.orchestrator.api import OWNER_KEY
 from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.runtime.events import Done, Started, ToolCalled, event_to_dict
+from a2a_orchestrator.runtime.events import (
+    AssistantMessage,
+    Done,
+    Failed,
+    Started,
+    ToolCalled,
+    event_to_dict,
+)
+from a2a_orchestrator.runtime.records import RecordKind
 from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.server.app import RunningServer
 from a2a_orchestrator.server.auth.access import Access
@@ -693,6 +701,19 @@ async def test_an_operator_sees_the_sessions_run_from_the_command_line(tmp_path:
             theirs = await http.get(
                 f"/ui/sessions/{session['id']}", headers={"Authorization": f"Bearer {team_token}"}
             )
+            # Seeing is all the marking gives: over A2A the operator cannot
+            # add a turn to the session (it belongs to no caller).
+            async with a2a_client(server.url, token=ops_token) as client:
+                _, sent = await collect(
+                    client, user_message("Take it over", context_id=session["id"])
+                )
+    store = Store(store_path)
+    try:
+        inputs = await store.events(session["id"], kinds=[RecordKind.INPUT])
+    finally:
+        store.close()
+    assert isinstance(sent[-1], Failed) and "cannot be used by this caller" in sent[-1].message
+    assert [e.payload["text"] for e in inputs] == ["Check the CLI session"]
     # The server's own token and a caller marked operator see it; another caller does not.
     assert seen == {"server token": (1, True), "ops": (1, True), "team": (0, False)}
     assert api_sessions[0]["title"] == "Check the CLI session"
@@ -764,3 +785,40 @@ async def test_a_running_childs_tokens_move_before_its_turn_ends(
     # The coder is still in its turn, and its first call's tokens show.
     assert (seen[0]["input_tokens"], seen[0]["output_tokens"]) == (700, 70)
     assert stopped.status_code == 200
+
+
+async def test_the_root_page_shows_every_root_event_among_many_of_its_childrens(
+    tmp_path: Path,
+) -> None:
+    """The parent agent's page reads its events (those of no child) among
+    its children's, past more than a page of theirs between two of its own;
+    its stream goes on from where the page read to."""
+    session_id, child_id = await seed(tmp_path / "orchestrator.db", text="ok")
+    store = Store(tmp_path / "orchestrator.db")
+    try:
+        entries: list[Any] = [(session_id, None, RecordKind.INPUT, {"text": "go"}, None)]
+        chatter = event_to_dict(AssistantMessage(text="child chatter"))
+        for marker in ("first-note", "second-note"):
+            entries += [(session_id, child_id, "message", chatter, None)] * 700
+            note = event_to_dict(AssistantMessage(text=marker))
+            entries.append((session_id, None, "message", note, None))
+        done = event_to_dict(Done(text="All done.\nTASK_DONE"))
+        entries += [(session_id, child_id, "message", chatter, None)] * 700
+        entries.append((session_id, None, "done", done, None))
+        stored = await store.append_events(entries)
+    finally:
+        store.close()
+    last_seq = max(e.seq for e in stored if e is not None)
+    with anyio.fail_after(30):
+        async with (
+            orchestrator(tmp_path) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+        ):
+            await logged_in(http)
+            root = await http.get(f"/ui/sessions/{session_id}/children/root")
+    assert root.status_code == 200
+    for text in ("first-note", "second-note", "All done."):
+        assert text in root.text, text
+    assert "child chatter" not in root.text
+    # The stream starts after everything the page read, the children's too.
+    assert f'data-after="{last_seq}"' in root.text

@@ -215,6 +215,13 @@ class _SessionRecord:
     """Its parent agent (delegate mode), kept while the session is open."""
     reactions: Reactions | None = None
     """The configured reactions, attached to its root parent once."""
+    reported: Spend | None = None
+    """The session's total when one of its tasks last reported its spend (or
+    when the first started): each turn end reports what the session spent
+    since (`OrchestratorExecutor._reported`), so tasks at once, or a turn
+    that asked and the one that answers, count each call once between them."""
+    reporting: anyio.Lock = field(default_factory=anyio.Lock)
+    """Held while a report reads the total and moves `reported` on."""
     tasks: dict[str, _TaskRun] = field(default_factory=dict)
     """A2A task id -> the task running in it."""
     lost: bool = False
@@ -443,20 +450,13 @@ class OrchestratorExecutor(AgentExecutor):
         # carries no metadata of ours.
         opening = task.history[0] if task is not None and task.history else None
         mode = str(metadata.get(MODE_KEY) or metadata_of(opening).get(MODE_KEY) or "pipeline")
-        # What the session had spent before this task: its turn's end reports
-        # what the whole session spent since (the parent agent's or the
-        # pipeline's calls and every child's), so a caller that delegates to
-        # this orchestrator counts all of it, not only the root's own calls.
-        before: Spend | None = None
+        # The task's turn ends report what the whole session spent (see
+        # `_reported`), once the session is open to count from.
+        reporting: _SessionRecord | None = None
 
         async def emit(event: ChildEvent) -> None:
-            if before is not None and isinstance(event, Done | Failed | InputRequired):
-                spent = await self.store.session_usage(context_id) - before
-                spent = dataclasses.replace(spent, seconds=event.spent.seconds)
-                usage = Usage(input_tokens=spent.input_tokens, output_tokens=spent.output_tokens)
-                event = dataclasses.replace(event, spent=spent)
-                if not isinstance(event, InputRequired):
-                    event = dataclasses.replace(event, usage=usage)
+            if reporting is not None:
+                event = await self._reported(reporting, context_id, event)
             await publish(updater, event)
 
         if mode not in MODES:
@@ -522,7 +522,10 @@ class OrchestratorExecutor(AgentExecutor):
             return
         if run is None:
             run = record.tasks[task_id] = _TaskRun(task_id, anyio.CancelScope())
-        before = await self.store.session_usage(context_id)
+        async with record.reporting:
+            if record.reported is None:
+                record.reported = await self.store.session_usage(context_id)
+        reporting = record
         if note:
             await updater.update_status(
                 TaskState.TASK_STATE_WORKING, updater.new_agent_message([new_text_part(note)])
@@ -649,10 +652,14 @@ class OrchestratorExecutor(AgentExecutor):
 
         async def work() -> None:
             try:
-                run.ending = await self._pipeline_ending(pipeline)
-            except Exception as exc:  # contained: the task ends failed
-                logger.exception("orchestrator task %s failed", run.task_id)
-                run.ending = Failed(reason="error", message=f"{type(exc).__name__}: {exc}")
+                try:
+                    run.ending = await self._pipeline_ending(pipeline)
+                except Exception as exc:  # contained: the task ends failed
+                    logger.exception("orchestrator task %s failed", run.task_id)
+                    run.ending = Failed(reason="error", message=f"{type(exc).__name__}: {exc}")
+                # Sent by `_follow` (or kept for the task's next message), not
+                # through the request's `emit`: it reports the run's spend here.
+                run.ending = await self._reported(record, session.id, run.ending)
             finally:
                 run.ended.set()
                 if not run.following:
@@ -664,6 +671,25 @@ class OrchestratorExecutor(AgentExecutor):
         self.host.hold(record)
         session.start_soon(work, name=f"pipeline of task {run.task_id}")
         await self._follow(session, run, updater)
+
+    async def _reported(
+        self, record: _SessionRecord, session_id: str, event: ChildEvent
+    ) -> ChildEvent:
+        """`event`, when it ends a turn, with what the whole session spent
+        since its last report (the parent agent's or the pipeline's calls and
+        every child's), so a caller that delegates to this orchestrator counts
+        all of it, not only the root's own calls, and each call once."""
+        if record.reported is None or not isinstance(event, Done | Failed | InputRequired):
+            return event
+        async with record.reporting:
+            total = await self.store.session_usage(session_id)
+            spent = dataclasses.replace(total - record.reported, seconds=event.spent.seconds)
+            record.reported = total
+        event = dataclasses.replace(event, spent=spent)
+        if isinstance(event, InputRequired):
+            return event
+        usage = Usage(input_tokens=spent.input_tokens, output_tokens=spent.output_tokens)
+        return dataclasses.replace(event, usage=usage)
 
     def _keep_unfollowed(self, run: _TaskRun) -> None:
         """Keep how a run ended while no request followed its task, for the

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ..control.pipeline import PROGRESS_KEY, extract_signal
 from ..runtime.records import RecordKind
-from ..storage.store import TURN_END_KINDS, Store
+from ..storage.store import Store
 
 __all__ = ["NO_SIGNAL", "Outcome", "RunKind", "outcome_of"]
 
@@ -88,33 +88,35 @@ async def outcome_of(store: Store, session: Mapping[str, Any]) -> Outcome:
             failure = str(pipeline.get("error"))
             return Outcome(run_kind="pipeline", signal="error", failure=failure, ended_at=ended_at)
         return Outcome(run_kind="pipeline", signal="unfinished")
-    ends = await _root_events(store, session["id"], TURN_END_KINDS)
+    # The last end through its usage row, then only the events after it: a
+    # finished session's outcome costs its turns, not its whole event log
+    # (`status` and the web view's list read every session's).
+    last = await store.last_root_turn_end(session["id"])
     inputs = await _root_events(
-        store, session["id"], (RecordKind.INPUT,), after=ends[-1]["seq"] if ends else 0
+        store, session["id"], (RecordKind.INPUT,), after=last.seq if last is not None else 0
     )
     if inputs:
         # A turn asked for after the last one ended (or the first) has not ended.
         return Outcome(run_kind="parent", signal="unfinished")
-    if not ends:
+    if last is None:
         return Outcome(run_kind="none", signal="-")
-    last = ends[-1]
-    payload = last["payload"]
-    if last["kind"] == "done":
+    payload = last.payload
+    if last.kind == "done":
         text = str(payload.get("text", ""))
         return Outcome(
             run_kind="parent",
             signal=extract_signal(text) or NO_SIGNAL,
             answer=text,
-            ended_at=last["at"],
+            ended_at=last.created_at,
         )
-    if last["kind"] == "failed":
+    if last.kind == "failed":
         failure = f"{payload.get('reason', 'error')}: {payload.get('message', '')}"
         return Outcome(
-            run_kind="parent", signal="TASK_FAILED", failure=failure, ended_at=last["at"]
+            run_kind="parent", signal="TASK_FAILED", failure=failure, ended_at=last.created_at
         )
     return Outcome(
         run_kind="parent",
         signal="input required",
         answer=str(payload.get("question", "")),
-        ended_at=last["at"],
+        ended_at=last.created_at,
     )

@@ -525,17 +525,21 @@ def ui_routes(
             "output_tokens": used.output_tokens,
         }
 
-    async def child_log(session_id: str, child_id: str, after: int) -> list[dict[str, Any]]:
+    async def child_log(
+        session_id: str, child_id: str, after: int
+    ) -> tuple[list[dict[str, Any]], int, bool]:
+        """One page of a child's log after `after`: its lines, the seq read up
+        to (the next call's `after`) and whether a whole page was read (there
+        may be more). The root's lines are the events of no child, read
+        among the children's: the seq read up to passes theirs too, so
+        neither a page nor a stream reads them again."""
         if child_id != ROOT_PATH:
             page = await store.events(session_id, child_id=child_id, after=after, limit=_PAGE)
-            return [summarize(e) for e in page]
-        # The root's events are those of no child: read past the children's.
-        while True:
+            lines = [summarize(e) for e in page]
+        else:
             page = await store.events(session_id, after=after, limit=_PAGE)
-            mine = [summarize(e) for e in page if e.child_id is None]
-            if mine or len(page) < _PAGE:
-                return mine
-            after = page[-1].seq
+            lines = [summarize(e) for e in page if e.child_id is None]
+        return lines, page[-1].seq if page else after, len(page) == _PAGE
 
     async def child_page(request: Request) -> Response:
         found = await child_of(request)
@@ -543,11 +547,10 @@ def ui_routes(
             return missing(request, f"child {request.path_params['child_id']}")
         record, child = found
         lines: list[dict[str, Any]] = []
-        while True:
-            page_ = await child_log(record["id"], child.child_id, lines[-1]["seq"] if lines else 0)
+        read, more = 0, True
+        while more:
+            page_, read, more = await child_log(record["id"], child.child_id, read)
             lines.extend(page_)
-            if len(page_) < _PAGE:
-                break
         return page(
             request,
             "child.html",
@@ -555,7 +558,7 @@ def ui_routes(
             child=child,
             state=await child_state(child.child_id, record["id"]),
             lines=[line for line in lines if line["kind"] != "message_delta"],
-            after=lines[-1]["seq"] if lines else 0,
+            after=read,
             # The root stops with its children (the session's Stop button).
             stoppable=child.child_id != ROOT_PATH,
         )
@@ -580,16 +583,15 @@ def ui_routes(
                 yield _sse(await child_state(child.child_id, record["id"]), event="child")
                 quiet = 0.0
                 while True:
-                    lines = await child_log(record["id"], child.child_id, after)
+                    lines, after, more = await child_log(record["id"], child.child_id, after)
                     for line in lines:
-                        after = line["seq"]
                         if line["kind"] != "message_delta":
                             yield _sse(line, event="line", seq=line["seq"])
                     if lines:
                         state = await child_state(child.child_id, record["id"])
                         yield _sse(state, event="child", seq=after)
                         quiet = 0.0
-                    if len(lines) == _PAGE:
+                    if more:
                         continue
                     await wake.wait()
                     quiet += POLL_SECONDS

@@ -752,6 +752,27 @@ class Store:
 
         return await self._run(rows)
 
+    async def last_root_turn_end(self, session_id: str) -> StoredEvent | None:
+        """The event that ended the root parent agent's last turn, or None.
+        Found through its `turn_usage` row, so reading it costs the session's
+        turns, not its events (every view's outcome reads it, `outcome.py`)."""
+
+        def row() -> StoredEvent | None:
+            cursor = self._db.conn.execute(
+                "SELECT e.* FROM turn_usage t JOIN events e ON e.uuid = t.uuid"
+                # `+`: by the session's index, not child_id's (every root's '').
+                " WHERE t.session_id = ? AND +t.child_id = ? ORDER BY e.seq DESC LIMIT 1",
+                (session_id, ROOT_ID),
+            )
+            values = cursor.fetchone()
+            if values is None:
+                return None
+            data = dict(zip([d[0] for d in cursor.description], values, strict=True))
+            data["payload"] = json.loads(data["payload"])
+            return StoredEvent(**data)
+
+        return await self._run(row)
+
     # -- usage ------------------------------------------------------------------
 
     async def child_usage(self, session_id: str) -> dict[str, Spend]:

@@ -42,6 +42,7 @@ from .groupcommit import GroupCommit, Write
 from .journal import JournalRow, ToolJournal
 from .store import (
     _SPEND_COLUMNS,
+    ROOT_ID,
     ChildRecord,
     EventEntry,
     RunnerRecord,
@@ -576,6 +577,14 @@ class PgStore(Store):
             sql += " LIMIT %s"
             params.append(limit)
         return [_event(r) for r in await self._query(sql, params)]
+
+    async def last_root_turn_end(self, session_id: str) -> StoredEvent | None:
+        rows = await self._query(
+            "SELECT e.* FROM turn_usage t JOIN events e ON e.uuid = t.uuid"
+            " WHERE t.session_id = %s AND t.child_id = %s ORDER BY e.seq DESC LIMIT 1",
+            (session_id, ROOT_ID),
+        )
+        return _event(rows[0]) if rows else None
 
     # -- usage ------------------------------------------------------------------
 
