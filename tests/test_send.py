@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -316,3 +317,39 @@ async def test_on_a_terminal_a_message_streams_as_it_is_written(tmp_path: Path) 
     assert 'says "' not in out
     assert "[coder] calls list_files ." in out
     assert f"[coder] done:\n{text}\n" in out
+
+
+async def test_ctrl_c_at_the_question_ends_send_at_once() -> None:
+    # Ctrl-C while `send` waits for the person's answer: the command ends
+    # (130), not when the next line is typed. A read blocked in a thread kept
+    # the process alive after "interrupted" until Enter.
+    with anyio.fail_after(60):
+        async with bare_server() as url:
+            leader, follower = os.openpty()
+            try:
+                process = await anyio.open_process(
+                    [*CLI, url, "ask"],
+                    stdin=follower,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env={**os.environ, **OFFLINE},
+                )
+                assert process.stdout is not None
+                shown = b""
+                while b"answer> " not in shown:
+                    shown += await process.stdout.receive()
+                process.send_signal(signal.SIGINT)
+                with anyio.move_on_after(10):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+                    pytest.fail("send still waited for a line 10 s after Ctrl-C")
+                assert process.stderr is not None
+                err = await process.stderr.receive()
+            finally:
+                os.close(leader)
+                os.close(follower)
+    assert "[bare] asks: Which colour?" in shown.decode()
+    assert process.returncode == 130
+    assert "interrupted" in err.decode()

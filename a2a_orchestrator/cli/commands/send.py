@@ -230,18 +230,14 @@ def _failure_kind(exc: OrchestratorError) -> str:
 async def _ask() -> str | None:
     """The person's answer to a question, read from the terminal; None when
     there is no terminal to ask at (a pipe, CI) or it ended (Ctrl-D)."""
-    import anyio
+    from .asking import read_line
 
     if not sys.stdin.isatty():
         return None
-
-    def read() -> str | None:
-        try:
-            return input("answer> ").strip() or None
-        except EOFError:
-            return None
-
-    return await anyio.to_thread.run_sync(read)
+    print("answer> ", end="", flush=True)
+    # Read on the event loop: a thread blocked in input() kept the process
+    # alive after Ctrl-C until the next line.
+    return (await read_line()).strip() or None
 
 
 class _Output:
