@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,7 +35,7 @@ from conftest import role_server
 from starlette.applications import Starlette
 from test_cli import OFFLINE, serve_process
 
-from a2a_orchestrator.cli.commands.send import SEND_EXIT_CODES
+from a2a_orchestrator.cli.commands.send import CARD_SECONDS, SEND_EXIT_CODES
 from a2a_orchestrator.server.serving import bind_socket, serve
 
 pytestmark = pytest.mark.anyio
@@ -261,6 +262,25 @@ async def test_unreachable_and_bad_usage() -> None:
     assert code == SEND_EXIT_CODES["unreachable"] and "unreachable" in err
     assert usage[0] == 2 and "http://" in usage[2]
     assert unset[0] == 2 and "NO_SUCH_VARIABLE_SET" in unset[2]
+
+
+async def test_a_listener_that_never_answers_is_unreachable_in_bounded_time() -> None:
+    # A port that accepts connections and answers nothing (a hung or stopped
+    # server: the kernel still accepts). `send` waited for its card for ever.
+    sock = bind_socket("127.0.0.1", 0)
+    sock.listen(8)  # connections are accepted by the kernel, never read
+    port = sock.getsockname()[1]
+    try:
+        started = time.monotonic()
+        with anyio.fail_after(CARD_SECONDS + 30):
+            code, out, err = await send(f"http://127.0.0.1:{port}", "hi", "--json")
+        took = time.monotonic() - started
+    finally:
+        sock.close()
+    assert code == SEND_EXIT_CODES["unreachable"], out + err
+    assert f"did not answer within {CARD_SECONDS:g} s" in err
+    assert json.loads(out.splitlines()[-1])["end"] == "unreachable"
+    assert took < CARD_SECONDS + 20
 
 
 # -- serve orchestrator ---------------------------------------------------------------

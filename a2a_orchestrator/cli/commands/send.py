@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ...protocol.decoding import StreamDecoder
 
-__all__ = ["POLL_SECONDS", "SEND_EXIT_CODES", "add_parser", "send"]
+__all__ = ["CARD_SECONDS", "POLL_SECONDS", "SEND_EXIT_CODES", "add_parser", "send"]
 
 SEND_EXIT_CODES = {
     "completed": 0,
@@ -44,6 +44,13 @@ SEND_EXIT_CODES = {
 credential (HTTP 401/403, or the task wants AUTH_REQUIRED); `unreachable`:
 no connection, or no answer in time; `protocol-error`: the agent answered,
 but not with a usable card or task."""
+
+
+CARD_SECONDS = 15.0
+"""How long the agent has to answer for its card. The client reads with no
+limit (a task may work for long between two events), so without this a port
+that accepts and answers nothing (a hung or stopped server) held `send` for
+ever."""
 
 
 POLL_SECONDS = 1.0
@@ -93,12 +100,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 async def send(args: argparse.Namespace) -> int:
+    import anyio
     import httpx
     from a2a.helpers import new_text_message
     from a2a.types import Role, SendMessageRequest
 
     from ...delegation.network import AgentSpec
     from ...delegation.transports.remote import RemoteDelegate
+    from ...errors import AgentUnavailableError
     from ...protocol.decoding import StreamDecoder
 
     if not args.text.strip():
@@ -118,7 +127,12 @@ async def send(args: argparse.Namespace) -> int:
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as http:
         delegate = RemoteDelegate(http=http)
         try:
-            card = await delegate.card(spec)
+            with anyio.move_on_after(CARD_SECONDS) as scope:
+                card = await delegate.card(spec)
+            if scope.cancelled_caught:
+                raise AgentUnavailableError(
+                    f"agent at {spec.url} did not answer within {CARD_SECONDS:g} s"
+                )
             client = delegate.streaming_client(spec, card)
             decoder = StreamDecoder(peer=spec.url or "")
             text, task_id, context_id = args.text, args.task or "", args.context or ""
