@@ -177,20 +177,73 @@ async def test_a_task_that_outlives_its_answer_is_followed_to_its_end() -> None:
     assert plain[0] == 0 and "[bare] done:\nyou said hello\n" in plain[1]
 
 
+async def on_terminal(
+    *args: str, typed: bytes = b"", interrupt_at: bytes | None = None
+) -> tuple[int, str, str]:
+    """`send` with a pseudo-terminal as its stdin and stdout, as a person runs
+    it: `typed` is what the person types; `interrupt_at`: Ctrl-C once this
+    is shown. Exit code, what the terminal showed, stderr."""
+    leader, follower = os.openpty()
+    try:
+        if typed:
+            os.write(leader, typed)
+        process = await anyio.open_process(
+            [*CLI, *args],
+            stdin=follower,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **OFFLINE},
+        )
+        os.close(follower)
+        follower = -1
+        shown, interrupted = b"", False
+        while True:
+            await anyio.wait_readable(leader)  # cancellable, unlike a read in a thread
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the process closed its end
+                break
+            if not chunk:
+                break
+            shown += chunk
+            if interrupt_at is not None and interrupt_at in shown and not interrupted:
+                process.send_signal(signal.SIGINT)
+                interrupted = True
+        await process.wait()
+        assert process.stderr is not None and process.returncode is not None
+        err = (await process.stderr.receive()).decode() if process.returncode else ""
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    return process.returncode, shown.decode().replace("\r\n", "\n"), err
+
+
 async def test_a_question_is_answered_from_the_terminal() -> None:
     with anyio.fail_after(60):
         async with bare_server() as url:
-            # A pseudo-terminal as stdin: `send` asks there, as it would a person.
+            code, out, err = await on_terminal(url, "ask", typed=b"blue\n")
+    assert code == 0, out + err
+    assert "[bare] asks: Which colour?" in out
+    assert "answer> " in out
+    assert "[bare] done:\nyou said blue\n" in out
+
+
+async def test_with_its_output_redirected_send_does_not_ask() -> None:
+    # `send URL TEXT > out.txt` on a terminal: the question and its prompt
+    # would go to the file, unseen, and the command wait for an answer
+    # nobody knows is wanted. As `run`, it asks only with both ends a terminal.
+    with anyio.fail_after(60):
+        async with bare_server() as url:
             leader, follower = os.openpty()
             try:
-                os.write(leader, b"blue\n")
                 code, out, err = await send(url, "ask", stdin=follower)
             finally:
                 os.close(leader)
                 os.close(follower)
-    assert code == 0, out + err
-    assert "[bare] asks: Which colour?" in out
-    assert "[bare] done:\nyou said blue\n" in out
+    assert code == SEND_EXIT_CODES["input-required"], out + err
+    assert "answer> " not in out
+    assert "answer it with: a2a-orchestrator send" in out
 
 
 async def test_a_follow_up_answers_with_task_and_context_and_json_lines() -> None:
@@ -345,31 +398,7 @@ async def test_ctrl_c_at_the_question_ends_send_at_once() -> None:
     # the process alive after "interrupted" until Enter.
     with anyio.fail_after(60):
         async with bare_server() as url:
-            leader, follower = os.openpty()
-            try:
-                process = await anyio.open_process(
-                    [*CLI, url, "ask"],
-                    stdin=follower,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env={**os.environ, **OFFLINE},
-                )
-                assert process.stdout is not None
-                shown = b""
-                while b"answer> " not in shown:
-                    shown += await process.stdout.receive()
-                process.send_signal(signal.SIGINT)
-                with anyio.move_on_after(10):
-                    await process.wait()
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
-                    pytest.fail("send still waited for a line 10 s after Ctrl-C")
-                assert process.stderr is not None
-                err = await process.stderr.receive()
-            finally:
-                os.close(leader)
-                os.close(follower)
-    assert "[bare] asks: Which colour?" in shown.decode()
-    assert process.returncode == 130
-    assert "interrupted" in err.decode()
+            code, out, err = await on_terminal(url, "ask", interrupt_at=b"answer> ")
+    assert "[bare] asks: Which colour?" in out
+    assert code == 130, out + err
+    assert "interrupted" in err

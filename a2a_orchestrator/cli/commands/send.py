@@ -145,7 +145,7 @@ async def send(args: argparse.Namespace) -> int:
                 task_id, context_id = decoder.task_id, decoder.context_id
                 if ending != "input-required":
                     break
-                answer = None if args.no_input or args.json else await _ask()
+                answer = None if args.json else await _ask(args.no_input)
                 if not answer:
                     break
                 text = answer
@@ -241,12 +241,13 @@ def _failure_kind(exc: OrchestratorError) -> str:
     return "protocol-error"
 
 
-async def _ask() -> str | None:
+async def _ask(no_input: bool) -> str | None:
     """The person's answer to a question, read from the terminal; None when
-    there is no terminal to ask at (a pipe, CI) or it ended (Ctrl-D)."""
-    from .asking import read_line
+    no one can be asked (`--no-input`, a pipe, CI; or output that goes to a
+    file, where the question would not be seen) or input ended (Ctrl-D)."""
+    from .asking import interactive, read_line
 
-    if not sys.stdin.isatty():
+    if not interactive(no_input):
         return None
     print("answer> ", end="", flush=True)
     # Read on the event loop: a thread blocked in input() kept the process
