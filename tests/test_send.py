@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,7 +35,7 @@ from conftest import role_server
 from starlette.applications import Starlette
 from test_cli import OFFLINE, serve_process
 
-from a2a_orchestrator.cli.commands.send import SEND_EXIT_CODES
+from a2a_orchestrator.cli.commands.send import CARD_SECONDS, SEND_EXIT_CODES
 from a2a_orchestrator.server.serving import bind_socket, serve
 
 pytestmark = pytest.mark.anyio
@@ -175,20 +177,73 @@ async def test_a_task_that_outlives_its_answer_is_followed_to_its_end() -> None:
     assert plain[0] == 0 and "[bare] done:\nyou said hello\n" in plain[1]
 
 
+async def on_terminal(
+    *args: str, typed: bytes = b"", interrupt_at: bytes | None = None
+) -> tuple[int, str, str]:
+    """`send` with a pseudo-terminal as its stdin and stdout, as a person runs
+    it: `typed` is what the person types; `interrupt_at`: Ctrl-C once this
+    is shown. Exit code, what the terminal showed, stderr."""
+    leader, follower = os.openpty()
+    try:
+        if typed:
+            os.write(leader, typed)
+        process = await anyio.open_process(
+            [*CLI, *args],
+            stdin=follower,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **OFFLINE},
+        )
+        os.close(follower)
+        follower = -1
+        shown, interrupted = b"", False
+        while True:
+            await anyio.wait_readable(leader)  # cancellable, unlike a read in a thread
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the process closed its end
+                break
+            if not chunk:
+                break
+            shown += chunk
+            if interrupt_at is not None and interrupt_at in shown and not interrupted:
+                process.send_signal(signal.SIGINT)
+                interrupted = True
+        await process.wait()
+        assert process.stderr is not None and process.returncode is not None
+        err = (await process.stderr.receive()).decode() if process.returncode else ""
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    return process.returncode, shown.decode().replace("\r\n", "\n"), err
+
+
 async def test_a_question_is_answered_from_the_terminal() -> None:
     with anyio.fail_after(60):
         async with bare_server() as url:
-            # A pseudo-terminal as stdin: `send` asks there, as it would a person.
+            code, out, err = await on_terminal(url, "ask", typed=b"blue\n")
+    assert code == 0, out + err
+    assert "[bare] asks: Which colour?" in out
+    assert "answer> " in out
+    assert "[bare] done:\nyou said blue\n" in out
+
+
+async def test_with_its_output_redirected_send_does_not_ask() -> None:
+    # `send URL TEXT > out.txt` on a terminal: the question and its prompt
+    # would go to the file, unseen, and the command wait for an answer
+    # nobody knows is wanted. As `run`, it asks only with both ends a terminal.
+    with anyio.fail_after(60):
+        async with bare_server() as url:
             leader, follower = os.openpty()
             try:
-                os.write(leader, b"blue\n")
                 code, out, err = await send(url, "ask", stdin=follower)
             finally:
                 os.close(leader)
                 os.close(follower)
-    assert code == 0, out + err
-    assert "[bare] asks: Which colour?" in out
-    assert "[bare] done:\nyou said blue\n" in out
+    assert code == SEND_EXIT_CODES["input-required"], out + err
+    assert "answer> " not in out
+    assert "answer it with: a2a-orchestrator send" in out
 
 
 async def test_a_follow_up_answers_with_task_and_context_and_json_lines() -> None:
@@ -262,6 +317,25 @@ async def test_unreachable_and_bad_usage() -> None:
     assert unset[0] == 2 and "NO_SUCH_VARIABLE_SET" in unset[2]
 
 
+async def test_a_listener_that_never_answers_is_unreachable_in_bounded_time() -> None:
+    # A port that accepts connections and answers nothing (a hung or stopped
+    # server: the kernel still accepts). `send` waited for its card for ever.
+    sock = bind_socket("127.0.0.1", 0)
+    sock.listen(8)  # connections are accepted by the kernel, never read
+    port = sock.getsockname()[1]
+    try:
+        started = time.monotonic()
+        with anyio.fail_after(CARD_SECONDS + 30):
+            code, out, err = await send(f"http://127.0.0.1:{port}", "hi", "--json")
+        took = time.monotonic() - started
+    finally:
+        sock.close()
+    assert code == SEND_EXIT_CODES["unreachable"], out + err
+    assert f"did not answer within {CARD_SECONDS:g} s" in err
+    assert json.loads(out.splitlines()[-1])["end"] == "unreachable"
+    assert took < CARD_SECONDS + 20
+
+
 # -- serve orchestrator ---------------------------------------------------------------
 
 
@@ -316,3 +390,15 @@ async def test_on_a_terminal_a_message_streams_as_it_is_written(tmp_path: Path) 
     assert 'says "' not in out
     assert "[coder] calls list_files ." in out
     assert f"[coder] done:\n{text}\n" in out
+
+
+async def test_ctrl_c_at_the_question_ends_send_at_once() -> None:
+    # Ctrl-C while `send` waits for the person's answer: the command ends
+    # (130), not when the next line is typed. A read blocked in a thread kept
+    # the process alive after "interrupted" until Enter.
+    with anyio.fail_after(60):
+        async with bare_server() as url:
+            code, out, err = await on_terminal(url, "ask", interrupt_at=b"answer> ")
+    assert "[bare] asks: Which colour?" in out
+    assert code == 130, out + err
+    assert "interrupted" in err

@@ -290,7 +290,7 @@ def test_resume_after_stop_starts_the_stopped_pass_again(runner: str, tmp_path: 
         out, _ = process.communicate(timeout=20)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     if runner == "live":
-        assert f"a2a-orchestrator resume {session[:8]}` continues it" in out
+        assert f"a2a-orchestrator resume {session}` continues it" in out
     # Every pass answers at once now (the slow command is not asked again).
     quick = tmp_path / "quick.json"
     quick.write_text(json.dumps([{"text": "Done.\nTASK_DONE"}]))
@@ -373,3 +373,40 @@ async def test_resume_of_a_stopped_parent_session_says_how_to_carry_on(tmp_path:
     assert carry_on.returncode == 3, carry_on.stdout + carry_on.stderr
     inputs = rows(db, "SELECT payload FROM events WHERE kind = 'input' AND child_id IS NULL")
     assert [json.loads(r["payload"])["text"] for r in inputs] == ["go on"]
+
+
+def test_hints_name_the_whole_session_id(tmp_path: Path) -> None:
+    """The commands a hint gives name the session whole: eight characters of
+    a named session ("issue-25-b") are another session's id ("issue-25"),
+    which `resume` or `run --append` would then take."""
+    db = tmp_path / "o.db"
+    store = Store(db)
+
+    async def make() -> None:
+        for session_id, status, reason in [
+            ("issue-25", "completed", ""),
+            ("issue-25-b", "failed", "aborted"),
+            ("issue-25-c", "running", ""),
+        ]:
+            await store.create_session(session_id, title="delegate it")
+            await store.add_child(
+                ChildRecord(
+                    child_id=f"{session_id}-c1",
+                    session_id=session_id,
+                    role="coder",
+                    status=status,
+                    reason=reason,
+                    transport="local",
+                    trace_id="t",
+                    created_at=time.time(),
+                )
+            )
+        store.close()
+
+    anyio.run(make)
+    resume = cli("resume", "issue-25-b", "--store", str(db), cwd=tmp_path)
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert "run --parent --session issue-25-b --append" in resume.stdout
+    again = cli("run", "again", "--session", "issue-25-c", "--store", str(db), cwd=tmp_path)
+    assert again.returncode == 2
+    assert "`a2a-orchestrator resume issue-25-c` continues it" in again.stderr

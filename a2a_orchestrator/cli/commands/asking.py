@@ -22,7 +22,7 @@ from .common import say
 if TYPE_CHECKING:
     from ...orchestrator.view import LiveTree
 
-__all__ = ["interactive", "with_answers"]
+__all__ = ["interactive", "read_line", "with_answers"]
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ def interactive(no_input: bool) -> bool:
     return not no_input and sys.stdin.isatty() and sys.stdout.isatty()
 
 
-async def _read_line() -> str:
+async def read_line() -> str:
     """One line the person typed ("" at the end of input). Waited for on the
     event loop, not in a thread: a thread blocked in a read would keep the
     process alive after Ctrl-C until the next line."""
@@ -46,7 +46,7 @@ async def _read_answer(question: Question) -> str:
     say(f"\n? {question.describe()}")
     while True:
         say("answer (one line; an empty line repeats the question, Ctrl-D: no answer)> ")
-        line = await _read_line()
+        line = await read_line()
         if not line:  # end of input: nobody will answer
             say("(no answer: the agent goes on with its own assumption)")
             return NO_ANSWER

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ...protocol.decoding import StreamDecoder
 
-__all__ = ["POLL_SECONDS", "SEND_EXIT_CODES", "add_parser", "send"]
+__all__ = ["CARD_SECONDS", "POLL_SECONDS", "SEND_EXIT_CODES", "add_parser", "send"]
 
 SEND_EXIT_CODES = {
     "completed": 0,
@@ -44,6 +44,13 @@ SEND_EXIT_CODES = {
 credential (HTTP 401/403, or the task wants AUTH_REQUIRED); `unreachable`:
 no connection, or no answer in time; `protocol-error`: the agent answered,
 but not with a usable card or task."""
+
+
+CARD_SECONDS = 15.0
+"""How long the agent has to answer for its card. The client reads with no
+limit (a task may work for long between two events), so without this a port
+that accepts and answers nothing (a hung or stopped server) held `send` for
+ever."""
 
 
 POLL_SECONDS = 1.0
@@ -93,12 +100,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 async def send(args: argparse.Namespace) -> int:
+    import anyio
     import httpx
     from a2a.helpers import new_text_message
     from a2a.types import Role, SendMessageRequest
 
     from ...delegation.network import AgentSpec
     from ...delegation.transports.remote import RemoteDelegate
+    from ...errors import AgentUnavailableError
     from ...protocol.decoding import StreamDecoder
 
     if not args.text.strip():
@@ -118,7 +127,12 @@ async def send(args: argparse.Namespace) -> int:
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as http:
         delegate = RemoteDelegate(http=http)
         try:
-            card = await delegate.card(spec)
+            with anyio.move_on_after(CARD_SECONDS) as scope:
+                card = await delegate.card(spec)
+            if scope.cancelled_caught:
+                raise AgentUnavailableError(
+                    f"agent at {spec.url} did not answer within {CARD_SECONDS:g} s"
+                )
             client = delegate.streaming_client(spec, card)
             decoder = StreamDecoder(peer=spec.url or "")
             text, task_id, context_id = args.text, args.task or "", args.context or ""
@@ -131,7 +145,7 @@ async def send(args: argparse.Namespace) -> int:
                 task_id, context_id = decoder.task_id, decoder.context_id
                 if ending != "input-required":
                     break
-                answer = None if args.no_input or args.json else await _ask()
+                answer = None if args.json else await _ask(args.no_input)
                 if not answer:
                     break
                 text = answer
@@ -227,21 +241,18 @@ def _failure_kind(exc: OrchestratorError) -> str:
     return "protocol-error"
 
 
-async def _ask() -> str | None:
+async def _ask(no_input: bool) -> str | None:
     """The person's answer to a question, read from the terminal; None when
-    there is no terminal to ask at (a pipe, CI) or it ended (Ctrl-D)."""
-    import anyio
+    no one can be asked (`--no-input`, a pipe, CI; or output that goes to a
+    file, where the question would not be seen) or input ended (Ctrl-D)."""
+    from .asking import interactive, read_line
 
-    if not sys.stdin.isatty():
+    if not interactive(no_input):
         return None
-
-    def read() -> str | None:
-        try:
-            return input("answer> ").strip() or None
-        except EOFError:
-            return None
-
-    return await anyio.to_thread.run_sync(read)
+    print("answer> ", end="", flush=True)
+    # Read on the event loop: a thread blocked in input() kept the process
+    # alive after Ctrl-C until the next line.
+    return (await read_line()).strip() or None
 
 
 class _Output:

@@ -141,7 +141,7 @@ async def _session_to_run(store: Any, args: argparse.Namespace) -> str:
     if signal in ("unfinished", "-"):
         raise OrchestratorError(
             f"session {session_id} exists and has not ended: `a2a-orchestrator resume "
-            f"{session_id[:8]}` continues it; --append adds this run to it anyway"
+            f"{session_id}` continues it; --append adds this run to it anyway"
         )
     raise OrchestratorError(
         f"session {session_id} has ended ({signal}): run without --session for a new "
@@ -197,7 +197,7 @@ async def _follow_pipeline(
         say(f"\npipeline failed: {exc}")
         if session.stop_requested:
             say(STOPPED_LINE)
-            say(f"`a2a-orchestrator resume {session.id[:8]}` continues it from the stopped pass")
+            say(f"`a2a-orchestrator resume {session.id}` continues it from the stopped pass")
         return 1
     finally:
         if reactions is not None:
@@ -345,7 +345,7 @@ async def resume(args: argparse.Namespace) -> int:
                     # a new turn of it (`--append`) carries on from there.
                     say(
                         f"{aborted} of them stopped (aborted); to carry on, give its parent "
-                        f"a new turn: a2a-orchestrator run --parent --session {session.id[:8]} "
+                        f"a new turn: a2a-orchestrator run --parent --session {session.id} "
                         '--append "what to do now"'
                     )
                 return 0
