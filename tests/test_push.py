@@ -18,6 +18,7 @@ import grpc
 import grpc.aio
 import httpx
 import pytest
+from a2a.compat.v0_3 import a2a_v0_3_pb2, a2a_v0_3_pb2_grpc
 from a2a.server.context import ServerCallContext
 from a2a.types import (
     InvalidParamsError,
@@ -260,6 +261,7 @@ async def test_a_refused_webhook_says_why_on_every_binding(tmp_path: Path) -> No
             assert server.grpc_address is not None
             channel = grpc.aio.insecure_channel(server.grpc_address)
             stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            stub_v03 = a2a_v0_3_pb2_grpc.A2AServiceStub(channel)
             for url in REFUSALS:
                 v1 = {"taskId": task, "url": url, "token": "t"}
                 error = (await rpc(server.url, "CreateTaskPushNotificationConfig", v1))["error"]
@@ -291,16 +293,34 @@ async def test_a_refused_webhook_says_why_on_every_binding(tmp_path: Path) -> No
                     over_grpc.value.details() or "",
                     grpc_error_info(over_grpc.value),
                 )
+                with pytest.raises(grpc.aio.AioRpcError) as over_grpc_v03:
+                    await stub_v03.CreateTaskPushNotificationConfig(
+                        a2a_v0_3_pb2.CreateTaskPushNotificationConfigRequest(
+                            parent=f"tasks/{task}",
+                            config_id="c",
+                            config=a2a_v0_3_pb2.TaskPushNotificationConfig(
+                                name=f"tasks/{task}/pushNotificationConfigs/c",
+                                push_notification_config=a2a_v0_3_pb2.PushNotificationConfig(
+                                    id="c", url=url
+                                ),
+                            ),
+                        )
+                    )
+                assert over_grpc_v03.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                # The v0.3 gRPC binding's errors carry a message only.
+                answers["grpc 0.3", url] = over_grpc_v03.value.details() or "", None
             await channel.close()
             listed = await rpc(server.url, "ListTaskPushNotificationConfigs", {"taskId": task})
     assert listed["result"].get("configs", []) == []
     for (binding, url), (message, data) in answers.items():
         reason, address, says = REFUSALS[url]
-        assert message.startswith("Invalid push notification URL: "), (binding, message)
+        assert "Invalid push notification URL: " in message, (binding, message)
         assert says in message, (binding, message)
         expected = {"reason": reason, **({"address": address} if address else {})}
         # 0.3 JSON-RPC carries `data` as is; 1.0 bindings as an ErrorInfo's metadata.
-        if binding == "json-rpc 0.3":
+        if binding == "grpc 0.3":
+            assert data is None
+        elif binding == "json-rpc 0.3":
             assert data == expected, (binding, data)
         else:
             [info] = data
