@@ -3,6 +3,7 @@ real role servers on 127.0.0.1 and the orchestrator's real client."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 
 import anyio
 import httpx
+import jwt
 import pytest
 from a2a.types import AgentCard
 from conftest import role_server
@@ -192,9 +194,11 @@ async def test_a_signed_card_is_accepted_with_its_key(
                 )
                 for n, source in enumerate((str(keys["public"]), str(keys["jwks"]), jwks_url))
             ]
-    assert len(card["signatures"]) == 1
-    # The v0.3 fields a2a-sdk adds when serving are outside what is signed.
+    # One signature over the card as served (v0.3 fields included), one over
+    # the v1.0 view a2a-sdk 1.3 checks; our client accepted it above.
     assert "url" in card
+    assert len(card["signatures"]) == 2
+    spec_verify(card, serialization.load_pem_public_key(keys["public"].read_bytes()))
     assert all(isinstance(r, Done) and r.text == "signed" for r in results), results
 
 
@@ -308,6 +312,44 @@ def test_a_bad_card_key_is_a_config_error(tmp_path: Path) -> None:
         CardOptions.from_settings(environ={"A2A_CARD_KEY": str(tmp_path / "missing.pem")})
 
 
+# -- a verifier written from the spec ------------------------------------------
+
+
+def jcs(value: Any) -> str:
+    """RFC 8785 canonical JSON, written here from the RFC rather than taken
+    from a2a-sdk so the check is independent of the signer. Covers what a
+    card holds: strings, integers, booleans, null, arrays, objects."""
+    if isinstance(value, dict):
+        # Keys sorted by their UTF-16 code units (RFC 8785 3.2.3).
+        items = sorted(value.items(), key=lambda kv: kv[0].encode("utf-16-be"))
+        return "{" + ",".join(f"{jcs(k)}:{jcs(v)}" for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(jcs(v) for v in value) + "]"
+    if isinstance(value, float):
+        assert value.is_integer(), f"a non-integral number in a card: {value}"
+        return str(int(value))
+    # Strings: JSON escapes only where required, non-ASCII as itself.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def spec_verify(card: dict[str, Any], public_key: Any) -> None:
+    """The A2A spec's check (8.4): canonicalize the card received minus
+    `signatures`, and verify a JWS with that as its detached payload; one
+    signature that holds is enough."""
+    payload = base64.urlsafe_b64encode(
+        jcs({k: v for k, v in card.items() if k != "signatures"}).encode()
+    ).rstrip(b"=")
+    failures = []
+    for signature in card["signatures"]:
+        token = f"{signature['protected']}.{payload.decode()}.{signature['signature']}"
+        try:
+            jwt.api_jws.decode_complete(token, public_key, algorithms=["ES256"])
+            return
+        except jwt.PyJWTError as exc:
+            failures.append(exc)
+    raise AssertionError(f"no signature covers the card as served: {failures}")
+
+
 # -- the command line ------------------------------------------------------------
 
 
@@ -335,6 +377,19 @@ def served_card(tmp_path: Path, args: list[str], env: dict[str, str]) -> dict[st
         process.wait(timeout=10)
     assert isinstance(card, dict)
     return card
+
+
+@pytest.mark.parametrize("protocol", [[], ["--protocol", "1.0"]], ids=["default", "1.0"])
+def test_a_served_signed_card_verifies_as_the_spec_says(
+    tmp_path: Path, keys: dict[str, Path], protocol: list[str]
+) -> None:
+    (tmp_path / "w").mkdir()  # the key stays outside the work directory
+    card = served_card(tmp_path / "w", ["coder", *protocol, "--card-key", str(keys["private"])], {})
+    # The default mode serves the v0.3 fields, so a2a-sdk 1.3's view differs
+    # and needs its own signature; a 1.0 card is that view.
+    assert ("url" in card) is not protocol
+    assert len(card["signatures"]) == (1 if protocol else 2)
+    spec_verify(card, serialization.load_pem_public_key(keys["public"].read_bytes()))
 
 
 async def test_serve_protocol_and_card_key_from_flags_and_environment(

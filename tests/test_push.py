@@ -18,6 +18,7 @@ import grpc
 import grpc.aio
 import httpx
 import pytest
+from a2a.compat.v0_3 import a2a_v0_3_pb2, a2a_v0_3_pb2_grpc
 from a2a.server.context import ServerCallContext
 from a2a.types import (
     InvalidParamsError,
@@ -29,7 +30,8 @@ from a2a.types import (
     a2a_pb2_grpc,
 )
 from conftest import a2a_client
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import MessageToDict, ParseDict
+from google.rpc import error_details_pb2, status_pb2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -215,10 +217,127 @@ async def test_a_webhook_at_an_internal_address_is_refused_unless_allowed(
     assert listed["result"].get("configs", []) == []
     # What the operator allows passes; a public address passes by itself.
     allowed = PushPolicy.parse("10.0.0.0/8, 127.0.0.0/8")
-    assert await allowed.validate("http://10.1.2.3/hook")
-    assert await allowed.validate("http://127.0.0.1:9/hook")
-    assert not await allowed.validate("http://169.254.169.254/")
-    assert await PushPolicy().validate("http://8.8.8.8/hook")
+    assert await allowed.refusal("http://10.1.2.3/hook") is None
+    assert await allowed.refusal("http://127.0.0.1:9/hook") is None
+    assert await allowed.refusal("http://169.254.169.254/") is not None
+    assert await PushPolicy().refusal("http://8.8.8.8/hook") is None
+
+
+# A refused URL and what its refusal must say: the reason, and the address
+# the URL itself resolved to (nothing of the operator's allow-list).
+REFUSALS = {
+    "http://169.254.169.254/latest/meta-data/": (
+        "not-public",
+        "169.254.169.254",
+        "resolves to 169.254.169.254, which is not public",
+    ),
+    "http://no-such-host.invalid/hook": (
+        "does-not-resolve",
+        None,
+        "no-such-host.invalid does not resolve",
+    ),
+    "ftp://example.com/hook": ("not-http", None, "not an http(s) URL"),
+}
+
+
+async def test_a_refused_webhook_says_why_on_every_binding(tmp_path: Path) -> None:
+    # Issue 29: the reason was only in the server's log.
+    answers: dict[tuple[str, str], tuple[str, Any]] = {}
+    async with (
+        run_role_server(
+            find_role("coder"),
+            ScriptedModel(coder_script),
+            tmp_path,
+            db=str(tmp_path / "role.db"),
+            push_policy=PushPolicy(LOOPBACK.allow),
+            grpc_port=0,
+        ) as server,
+        a2a_client(server.url) as client,
+        httpx.AsyncClient() as http,
+    ):
+        with anyio.fail_after(60):
+            answer = [r async for r in client.send_message(user_message("go"))]
+            task = answer[0].task.id
+            assert server.grpc_address is not None
+            channel = grpc.aio.insecure_channel(server.grpc_address)
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            stub_v03 = a2a_v0_3_pb2_grpc.A2AServiceStub(channel)
+            for url in REFUSALS:
+                v1 = {"taskId": task, "url": url, "token": "t"}
+                error = (await rpc(server.url, "CreateTaskPushNotificationConfig", v1))["error"]
+                assert error["code"] == -32602
+                answers["json-rpc", url] = error["message"], error.get("data")
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "tasks/pushNotificationConfig/set",
+                    "params": {"taskId": task, "pushNotificationConfig": {"url": url}},
+                }
+                error = (await http.post(server.url, json=body)).json()["error"]
+                assert error["code"] == -32602
+                answers["json-rpc 0.3", url] = error["message"], error.get("data")
+                rest = await http.post(
+                    f"{server.url}/rest/tasks/{task}/pushNotificationConfigs",
+                    json=v1,
+                    headers={"A2A-Version": "1.0"},
+                )
+                assert rest.status_code == 400, rest.text
+                error = rest.json()["error"]
+                answers["http+json", url] = error["message"], error.get("details")
+                with pytest.raises(grpc.aio.AioRpcError) as over_grpc:
+                    await stub.CreateTaskPushNotificationConfig(
+                        ParseDict(v1, TaskPushNotificationConfig())
+                    )
+                assert over_grpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                answers["grpc", url] = (
+                    over_grpc.value.details() or "",
+                    grpc_error_info(over_grpc.value),
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as over_grpc_v03:
+                    await stub_v03.CreateTaskPushNotificationConfig(
+                        a2a_v0_3_pb2.CreateTaskPushNotificationConfigRequest(
+                            parent=f"tasks/{task}",
+                            config_id="c",
+                            config=a2a_v0_3_pb2.TaskPushNotificationConfig(
+                                name=f"tasks/{task}/pushNotificationConfigs/c",
+                                push_notification_config=a2a_v0_3_pb2.PushNotificationConfig(
+                                    id="c", url=url
+                                ),
+                            ),
+                        )
+                    )
+                assert over_grpc_v03.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                # The v0.3 gRPC binding's errors carry a message only.
+                answers["grpc 0.3", url] = over_grpc_v03.value.details() or "", None
+            await channel.close()
+            listed = await rpc(server.url, "ListTaskPushNotificationConfigs", {"taskId": task})
+    assert listed["result"].get("configs", []) == []
+    for (binding, url), (message, data) in answers.items():
+        reason, address, says = REFUSALS[url]
+        assert "Invalid push notification URL: " in message, (binding, message)
+        assert says in message, (binding, message)
+        expected = {"reason": reason, **({"address": address} if address else {})}
+        # 0.3 JSON-RPC carries `data` as is; 1.0 bindings as an ErrorInfo's metadata.
+        if binding == "grpc 0.3":
+            assert data is None
+        elif binding == "json-rpc 0.3":
+            assert data == expected, (binding, data)
+        else:
+            [info] = data
+            assert info["reason"] == "INVALID_PARAMS" and info["metadata"] == expected, binding
+        assert "127.0.0.0" not in message + str(data)  # the allow-list stays unsaid
+
+
+def grpc_error_info(error: grpc.aio.AioRpcError) -> list[dict[str, Any]]:
+    """The ErrorInfo details of a gRPC error's rich status, as JSON."""
+    metadata = dict(error.trailing_metadata() or ())
+    status = status_pb2.Status.FromString(metadata["grpc-status-details-bin"])
+    found = []
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            found.append(MessageToDict(info))
+    return found
 
 
 def test_an_ipv6_address_wrapping_an_internal_ipv4_one_is_refused() -> None:
@@ -235,11 +354,11 @@ def test_an_ipv6_address_wrapping_an_internal_ipv4_one_is_refused() -> None:
 
     async def check() -> None:
         for url in wrapped:
-            assert not await PushPolicy().validate(url), url
+            assert await PushPolicy().refusal(url) is not None, url
         # A 6to4 address of a public one stays callable; the operator's
         # allow-list covers the address it wraps.
-        assert await PushPolicy().validate("http://[2002:808:808::1]/hook")
-        assert await LOOPBACK.validate("http://[2002:7f00:1::]/hook")
+        assert await PushPolicy().refusal("http://[2002:808:808::1]/hook") is None
+        assert await LOOPBACK.refusal("http://[2002:7f00:1::]/hook") is None
 
     anyio.run(check)
 

@@ -8,9 +8,14 @@ read it. A v1.0 AgentCard has no such fields, so a strict v1.0 validator
 (the TCK's CARD-STRUCT-001) refuses that card; `protocol="1.0"` lists the
 1.0 endpoints only, which makes a card without them.
 
-Signature: a JWS over the card's canonical JSON (RFC 8785, a2a-sdk's
-`create_agent_card_signer`), made with the operator's private key (PEM:
-RSA, EC P-256/384/521 or Ed25519). Its key id is the operator's, else the
+Signature: a JWS over the card's canonical JSON (RFC 8785) with a
+detached payload, made with the operator's private key (PEM: RSA, EC
+P-256/384/521 or Ed25519). It covers the card exactly as served, minus
+`signatures`, which is what the spec tells a verifier to canonicalize.
+In the default mode that JSON carries the v0.3 fields, which a2a-sdk 1.3's
+verifier leaves out of what it checks (it canonicalizes the v1.0 view), so
+such a card carries a second signature over that view (a2a-sdk's
+`create_agent_card_signer`); a verifier needs one that holds. Its key id is the operator's, else the
 key's RFC 7638 thumbprint, which a JWKS publishing the public key can use
 as its `kid`.
 
@@ -33,7 +38,12 @@ from typing import Any
 
 import anyio
 import httpx
-from a2a.types import AgentCard
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.types import AgentCard, AgentCardSignature
+
+# a2a-sdk's RFC 8785 canonicalizer, the one its own signer uses; the module
+# is private, but the bytes it makes are the standard's.
+from a2a.utils._jcs import canonicalize
 from a2a.utils.signing import (
     ProtectedHeader,
     SignatureVerificationError,
@@ -42,7 +52,7 @@ from a2a.utils.signing import (
 )
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from jwt import PyJWKSet
+from jwt import PyJWKSet, api_jws
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 from jwt.exceptions import PyJWKError, PyJWKSetError
 
@@ -164,7 +174,30 @@ def card_signer(pem: bytes, *, key_id: str | None = None) -> Signer:
     }
     # PyJWT would write `"jku": null` into the protected header.
     protected = {k: v for k, v in header.items() if v is not None}
-    return create_agent_card_signer(key, protected)  # type: ignore[arg-type]
+    sign_v1_0_view = create_agent_card_signer(key, protected)  # type: ignore[arg-type]
+
+    def public_key(kid: str | None, jku: str | None) -> Any:
+        return key.public_key()
+
+    sdk_verifies = create_signature_verifier(public_key, [algorithm])
+
+    def sign(card: AgentCard) -> AgentCard:
+        served = agent_card_to_dict(card)  # the JSON a2a-sdk's card route sends
+        served.pop("signatures", None)
+        jws = api_jws.encode(
+            canonicalize(served).encode(), key, algorithm=algorithm, headers=protected
+        )
+        encoded_header, _, signature = jws.split(".")  # detached: no payload
+        card.signatures.append(AgentCardSignature(protected=encoded_header, signature=signature))
+        try:
+            sdk_verifies(card)
+        except SignatureVerificationError:
+            # The served JSON is not the v1.0 view (the default mode's v0.3
+            # fields): sign that view too, for a2a-sdk 1.3's verifier.
+            card = sign_v1_0_view(card)
+        return card
+
+    return sign
 
 
 def public_jwk(public_key: Any) -> dict[str, Any]:

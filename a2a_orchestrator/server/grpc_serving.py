@@ -53,6 +53,10 @@ from a2a.server.request_handlers.grpc_handler import (
     GrpcHandler,
 )
 from a2a.types import AgentCard, AgentInterface, a2a_pb2_grpc
+from a2a.utils.errors import A2A_ERROR_REASONS, A2AError, InvalidParamsError
+from a2a.utils.grpc_status import status_to_grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from ..errors import CredentialError, IssuerUnavailableError
 from .auth.callers import Caller
@@ -169,7 +173,7 @@ class GrpcServing:
             raise RuntimeError(f"the gRPC server is {self._state.value}, it cannot start")
         builder = _CallerContextBuilder()
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(
-            GrpcHandler(handler, context_builder=builder), self._server
+            _ReasonedGrpcHandler(handler, context_builder=builder), self._server
         )
         a2a_v0_3_pb2_grpc.add_A2AServiceServicer_to_server(
             CompatGrpcHandler(handler, context_builder=builder), self._server
@@ -190,6 +194,33 @@ class GrpcServing:
 
 
 # -- callers ------------------------------------------------------------------------
+
+
+class _ReasonedGrpcHandler(GrpcHandler):
+    """a2a-sdk's gRPC handler, whose invalid-params errors also carry their
+    `data` (a refused webhook's reason and address, `push.py`) as the
+    ErrorInfo's metadata: what the JSON-RPC and HTTP+JSON bindings put in
+    theirs. a2a-sdk's own sends an ErrorInfo without it."""
+
+    async def abort_context(self, error: A2AError, context: grpc.aio.ServicerContext) -> None:
+        data = error.data if isinstance(error, InvalidParamsError) else None
+        # Validation errors (`errors`) keep a2a-sdk's BadRequest detail.
+        if not data or "errors" in data or not all(isinstance(v, str) for v in data.values()):
+            await super().abort_context(error, context)
+            return
+        info = error_details_pb2.ErrorInfo(
+            reason=A2A_ERROR_REASONS[InvalidParamsError], domain="a2a-protocol.org", metadata=data
+        )
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        status = status_pb2.Status(
+            code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=error.message, details=[detail]
+        )
+        rich = status_to_grpc(status)
+        context.set_trailing_metadata(
+            (*(context.trailing_metadata() or ()), *rich.trailing_metadata)
+        )
+        await context.abort(rich.code, rich.details)
 
 
 class _GrpcUser(User):

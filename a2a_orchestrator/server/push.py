@@ -15,7 +15,8 @@ in a network the operator allowed (`--push-allow`, `A2A_PUSH_ALLOW`). An
 IPv6 address that carries an IPv4 one (6to4 2002::/16, Teredo 2001::/32,
 IPv4-compatible ::/96, NAT64 64:ff9b::/96) is judged as both: it may be
 routed to the IPv4 address it wraps. A refused URL is invalid params at
-registration (JSON-RPC -32602, HTTP 400).
+registration (JSON-RPC -32602, HTTP 400, gRPC INVALID_ARGUMENT) whose
+message and data name the reason and the address refused (`PushRefusal`).
 The check runs again before every delivery attempt, and the request then
 goes to an address that check just passed (the HTTP client does not
 resolve the name again; https still verifies the certificate against the
@@ -56,6 +57,7 @@ import httpx
 from a2a.server.tasks import PushNotificationConfigStore
 from a2a.server.tasks.push_notification_sender import PushNotificationEvent, PushNotificationSender
 from a2a.types import TaskPushNotificationConfig
+from a2a.utils.errors import InvalidParamsError
 from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.push_url_validator import validate_push_notification_url
 from anyio.abc import TaskGroup
@@ -64,7 +66,14 @@ from google.protobuf.json_format import MessageToDict
 from ..errors import ConfigError
 from ..storage.pushstore import PushLimits, SQLitePushConfigStore, open_push_config_store
 
-__all__ = ["PUSH_ALLOW_ENV", "TOKEN_HEADER", "PushPolicy", "PushService", "WebhookSender"]
+__all__ = [
+    "PUSH_ALLOW_ENV",
+    "TOKEN_HEADER",
+    "PushPolicy",
+    "PushRefusal",
+    "PushService",
+    "WebhookSender",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -148,39 +157,80 @@ class PushPolicy:
                 return False
         return True
 
-    async def addresses(self, url: str) -> list[str] | None:
-        """The addresses `url`'s host resolves to, all of them callable; None
-        (logged) when the URL is not http(s) or one address is refused."""
+    async def _check(self, url: str) -> list[str] | PushRefusal:
+        """The addresses `url`'s host resolves to, all of them callable, or
+        why `url` is refused."""
         try:
             parsed = urllib.parse.urlsplit(url)
             port = parsed.port or (443 if parsed.scheme == "https" else 80)
         except ValueError:
-            logger.warning("push URL refused: unparseable: %s", url)
-            return None
+            return PushRefusal("unparseable", "the URL cannot be parsed")
         host = parsed.hostname
         if parsed.scheme not in ("http", "https") or not host:
-            logger.warning("push URL refused: not an http(s) URL with a host: %s", url)
-            return None
+            return PushRefusal("not-http", "not an http(s) URL with a host")
         try:
             infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            logger.warning("push URL refused: %s does not resolve (%s)", host, exc)
-            return None
+        except OSError:
+            # The resolver's own error text stays in no answer: the reason is enough.
+            return PushRefusal("does-not-resolve", f"{host} does not resolve")
         found = list(dict.fromkeys(str(info[4][0]) for info in infos))
         for address in found:
             if not await self._callable(address):
-                logger.warning(
-                    "push URL refused: %s resolves to %s, which is not public and not in "
+                return PushRefusal(
+                    "not-public",
+                    f"{host} resolves to {address}, which is not public and not in "
                     "the operator's allow-list (--push-allow)",
-                    url,
                     address,
                 )
-                return None
-        return found or None
+        if not found:
+            return PushRefusal("does-not-resolve", f"{host} does not resolve")
+        return found
+
+    async def addresses(self, url: str) -> list[str] | None:
+        """The addresses `url`'s host resolves to, all of them callable; None
+        (logged) when the URL is refused."""
+        checked = await self._check(url)
+        if isinstance(checked, PushRefusal):
+            logger.warning("push URL refused: %s: %s", url, checked.message)
+            return None
+        return checked
+
+    async def refusal(self, url: str) -> PushRefusal | None:
+        """Why `url` is refused, or None when it may be called."""
+        checked = await self._check(url)
+        return checked if isinstance(checked, PushRefusal) else None
 
     async def validate(self, url: str) -> bool:
-        """a2a-sdk's `push_url_validator`: whether `url` may be registered."""
-        return await self.addresses(url) is not None
+        """a2a-sdk's `push_url_validator`: true when `url` may be registered;
+        else raises invalid params naming the reason, which a2a-sdk maps to
+        every binding's error (JSON-RPC -32602, HTTP 400, gRPC
+        INVALID_ARGUMENT). The answer names no more than the caller's own
+        URL resolved to: never the allow-list itself."""
+        refused = await self.refusal(url)
+        if refused is not None:
+            logger.warning("push URL refused: %s: %s", url, refused.message)
+            raise InvalidParamsError(
+                message=f"Invalid push notification URL: {refused.message}",
+                data=refused.data(),
+            )
+        return True
+
+
+@dataclass(frozen=True)
+class PushRefusal:
+    """Why a webhook URL is refused: `reason` (unparseable, not-http,
+    does-not-resolve, not-public), a sentence, and the refused address."""
+
+    reason: str
+    message: str
+    address: str | None = None
+
+    def data(self) -> dict[str, str]:
+        """The error's `data`: the reason and, for not-public, the address."""
+        data = {"reason": self.reason}
+        if self.address is not None:
+            data["address"] = self.address
+        return data
 
 
 @dataclass
