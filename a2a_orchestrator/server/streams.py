@@ -20,11 +20,10 @@ A slot is held from the stream's start until it ends or its client goes.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..storage.pushstore import count_setting
 
 __all__ = [
     "MAX_STREAMS_ENV",
@@ -63,8 +62,12 @@ class StreamLimits:
         """The flags' values (`--max-streams-per-caller`, `--max-streams`), else
         `$A2A_MAX_STREAMS_PER_CALLER` / `$A2A_MAX_STREAMS`, else the defaults."""
         return cls(
-            per_caller=_count(per_caller, MAX_STREAMS_PER_CALLER_ENV, cls.per_caller),
-            per_server=_count(per_server, MAX_STREAMS_ENV, cls.per_server),
+            per_caller=count_setting(
+                per_caller, MAX_STREAMS_PER_CALLER_ENV, cls.per_caller, what="stream limit"
+            ),
+            per_server=count_setting(
+                per_server, MAX_STREAMS_ENV, cls.per_server, what="stream limit"
+            ),
         )
 
     def for_view(self) -> StreamLimits:
@@ -72,20 +75,6 @@ class StreamLimits:
         return StreamLimits(
             per_caller=min(self.per_caller, VIEW_PER_CALLER), per_server=self.per_server
         )
-
-
-def _count(value: int | None, env: str, default: int) -> int:
-    if value is None:
-        text = os.environ.get(env, "").strip()
-        if not text:
-            return default
-        try:
-            value = int(text)
-        except ValueError as exc:
-            raise ConfigError(f"${env}: {text!r} is not a whole number") from exc
-    if value < 1:
-        raise ConfigError(f"stream limit ${env} must be at least 1, not {value}")
-    return value
 
 
 class StreamRefused(Exception):

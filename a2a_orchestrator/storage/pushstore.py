@@ -54,6 +54,7 @@ __all__ = [
     "PUSH_MAX_PER_TASK_ENV",
     "PushLimits",
     "SQLitePushConfigStore",
+    "count_setting",
     "open_push_config_store",
 ]
 
@@ -83,8 +84,12 @@ class PushLimits:
         """The flags' values (`--push-max-per-task`, `--push-max-per-owner`),
         else `$A2A_PUSH_MAX_PER_TASK` / `$A2A_PUSH_MAX_PER_OWNER`, else the defaults."""
         return cls(
-            per_task=_count(per_task, PUSH_MAX_PER_TASK_ENV, cls.per_task),
-            per_owner=_count(per_owner, PUSH_MAX_PER_OWNER_ENV, cls.per_owner),
+            per_task=count_setting(
+                per_task, PUSH_MAX_PER_TASK_ENV, cls.per_task, what="push config limit"
+            ),
+            per_owner=count_setting(
+                per_owner, PUSH_MAX_PER_OWNER_ENV, cls.per_owner, what="push config limit"
+            ),
         )
 
     def check_sizes(self, config: TaskPushNotificationConfig) -> None:
@@ -133,7 +138,9 @@ def _known_fields(config: TaskPushNotificationConfig) -> TaskPushNotificationCon
     return known
 
 
-def _count(value: int | None, env: str, default: int) -> int:
+def count_setting(value: int | None, env: str, default: int, *, what: str) -> int:
+    """A limit of at least 1: `value` if given, else the variable `env`, else
+    `default`; a bad one is a `ConfigError` naming the variable."""
     if value is None:
         text = os.environ.get(env, "").strip()
         if not text:
@@ -143,7 +150,7 @@ def _count(value: int | None, env: str, default: int) -> int:
         except ValueError as exc:
             raise ConfigError(f"${env}: {text!r} is not a whole number") from exc
     if value < 1:
-        raise ConfigError(f"push config limit ${env} must be at least 1, not {value}")
+        raise ConfigError(f"{what} ${env} must be at least 1, not {value}")
     return value
 
 
