@@ -44,6 +44,7 @@ __all__ = [
     "Flag",
     "NameList",
     "OperatorFile",
+    "Port",
     "PositiveInt",
     "PositiveNumber",
     "SecondsOrZero",
@@ -61,7 +62,9 @@ class OperatorFile(BaseModel):
     `1`, a `"3"` is not a 3) and refusing keys it does not know. A schema
     for a file whose unknown keys are ignored says `extra="ignore"`."""
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, strict=True, extra="forbid", use_attribute_docstrings=True
+    )
 
 
 def must_be(what: str) -> WrapValidator:
@@ -89,6 +92,7 @@ SecondsOrZero = Annotated[
     Field(ge=0, allow_inf_nan=False),
     must_be("a number of seconds, 0 for no limit"),
 ]
+Port = Annotated[StrictInt, Field(ge=1, le=65535), must_be("an integer from 1 to 65535")]
 NameList = Annotated[list[_Stripped], must_be("a list of non-empty strings")]
 
 
@@ -148,7 +152,12 @@ def _problem(error: ErrorDetails, schema: type[BaseModel]) -> str:
     else:
         problem = error["msg"][:1].lower() + error["msg"][1:]
     if kind == "missing":
-        return problem
+        # A required field's docstring says what it is for.
+        field = schema.model_fields.get(str(error["loc"][0])) if len(error["loc"]) == 1 else None
+        if field is None or not field.description:
+            return problem
+        what = field.description.strip().rstrip(".")
+        return f"{problem}; {what[:1].lower()}{what[1:]}"
     return f"{problem}, got {_shown(error['input'])}"
 
 
