@@ -20,6 +20,8 @@ and `status` among them, never pay for it.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -137,12 +139,13 @@ _PROBLEMS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 def _problem(error: ErrorDetails, schema: type[BaseModel]) -> str:
     kind, ctx = error["type"], error.get("ctx", {})
+    loc = error["loc"]
     if kind == "extra_forbidden":
-        # Known fields are listed for a key of the file's top level, the
-        # place a misspelt key most often is.
-        if len(error["loc"]) == 1:
-            return f"unknown field; known fields are {', '.join(sorted(schema.model_fields))}"
-        return "unknown field"
+        # The known fields are listed where the table's schema is known.
+        table = _schema_at(schema, loc[:-1])
+        if table is None:
+            return "unknown field"
+        return f"unknown field; known fields are {', '.join(sorted(table.model_fields))}"
     if kind == "config":
         problem = error["msg"]
     elif kind == "value_error":
@@ -153,12 +156,34 @@ def _problem(error: ErrorDetails, schema: type[BaseModel]) -> str:
         problem = error["msg"][:1].lower() + error["msg"][1:]
     if kind == "missing":
         # A required field's docstring says what it is for.
-        field = schema.model_fields.get(str(error["loc"][0])) if len(error["loc"]) == 1 else None
+        table = _schema_at(schema, loc[:-1])
+        field = table.model_fields.get(str(loc[-1])) if table is not None else None
         if field is None or not field.description:
             return problem
-        what = field.description.strip().rstrip(".")
+        what = " ".join(field.description.split()).rstrip(".")
         return f"{problem}; {what[:1].lower()}{what[1:]}"
     return f"{problem}, got {_shown(error['input'])}"
+
+
+def _schema_at(schema: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The schema of the table at `loc` (through nested schemas, and the
+    values of `dict[str, Schema]` and `list[Schema]` fields), if it is one."""
+    kind: Any = schema
+    for part in loc:
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            field = kind.model_fields.get(str(part))
+            if field is None:
+                return None
+            kind = field.annotation
+        elif typing.get_origin(kind) in (dict, list):
+            kind = typing.get_args(kind)[-1]
+        else:
+            return None
+        # `X | None` is X here: the None was not the problem.
+        args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        if typing.get_origin(kind) in (types.UnionType, typing.Union) and len(args) == 1:
+            kind = args[0]
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
 
 
 def _shown(value: object) -> str:
