@@ -61,12 +61,13 @@ _Schema = TypeVar("_Schema", bound=BaseModel)
 
 class OperatorFile(BaseModel):
     """The base of every schema here: frozen, strict (a `true` is not a
-    `1`, a `"3"` is not a 3) and refusing keys it does not know. A schema
-    for a file whose unknown keys are ignored says `extra="ignore"`."""
+    `1`, a `"3"` is not a 3) and refusing keys it does not know. A required
+    field's `Field(description=...)` says what it is for when it is missing
+    (not a docstring: reading those costs a parse of the module's source)."""
 
-    model_config = ConfigDict(
-        frozen=True, strict=True, extra="forbid", use_attribute_docstrings=True
-    )
+    # Each schema's validator is built when it first checks a file: a
+    # process that never reads a hook file never builds the hook schema.
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", defer_build=True)
 
 
 def must_be(what: str) -> WrapValidator:
@@ -155,7 +156,7 @@ def _problem(error: ErrorDetails, schema: type[BaseModel]) -> str:
     else:
         problem = error["msg"][:1].lower() + error["msg"][1:]
     if kind == "missing":
-        # A required field's docstring says what it is for.
+        # A required field's description says what it is for.
         table = _schema_at(schema, loc[:-1])
         field = table.model_fields.get(str(loc[-1])) if table is not None else None
         if field is None or not field.description:

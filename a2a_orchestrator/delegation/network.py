@@ -55,10 +55,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import StrictStr
+from pydantic import Field, StrictStr
 
 from ..configfile import Flag, OperatorFile, Port, check
 from ..errors import ConfigError, RoleNotFoundError
@@ -211,8 +211,7 @@ class _AgentFile(OperatorFile):
     URL, a variable's name) is checked as `AgentSpec` checks it."""
 
     name: StrictStr | None = None
-    role: StrictStr
-    """The role this agent plays."""
+    role: Annotated[StrictStr, Field(description="the role this agent plays")]
     url: StrictStr | None = None
     token_env: StrictStr | None = None
     description: StrictStr = ""

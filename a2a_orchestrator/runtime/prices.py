@@ -25,10 +25,8 @@ _PerMillion = Annotated[
 class _Price(OperatorFile):
     """A `[models.NAME]` table."""
 
-    input: _PerMillion
-    """The price of a million input tokens."""
-    output: _PerMillion
-    """The price of a million output tokens."""
+    input: Annotated[_PerMillion, Field(description="the price of a million input tokens")]
+    output: Annotated[_PerMillion, Field(description="the price of a million output tokens")]
 
 
 class _PriceFile(OperatorFile):

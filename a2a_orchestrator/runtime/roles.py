@@ -39,10 +39,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import StrictStr, ValidationError
+from pydantic import Field, StrictStr, ValidationError
 
 from ..configfile import (
     Count,
@@ -104,7 +104,7 @@ class _MarkdownRole(OperatorFile):
 class _JsonRole(_MarkdownRole):
     """A JSON role: the prompt is a field."""
 
-    prompt: Text
+    prompt: Annotated[Text, Field(description="the system prompt")]
 
 
 _Fields = TypeVar("_Fields", bound=_MarkdownRole)

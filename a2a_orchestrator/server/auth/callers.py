@@ -317,10 +317,13 @@ class _CallerTable(_LimitsTable):
 
     token_hash: Annotated[
         StrictStr,
-        Field(pattern=f"^{_HASH.pattern}$"),
+        Field(
+            pattern=f"^{_HASH.pattern}$",
+            description="the caller's token hash "
+            "(a2a-orchestrator token add NAME --file FILE makes one)",
+        ),
         must_be("'sha256:SALT:DIGEST' (a2a-orchestrator token add NAME --file FILE makes one)"),
     ]
-    """The caller's token hash (`a2a-orchestrator token add NAME --file FILE` makes one)."""
     operator: Flag = False
 
 
