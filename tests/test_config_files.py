@@ -197,3 +197,19 @@ def test_commands_that_read_no_file_do_not_import_pydantic() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.splitlines()[-1] == "False", result.stdout
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "key"),
+    [("hooks", "hooks.toml", "hook"), ("policy", "policy.toml", "rule")],
+)
+def test_a_misspelt_table_is_refused_not_ignored(
+    tmp_path: Path, kind: str, name: str, key: str
+) -> None:
+    # `[[hooks]]` for `[[hook]]` used to load a file with no hooks at all: a
+    # spawn.before hook meant to deny spawns was silently gone.
+    path = tmp_path / name
+    path.write_text(f"[[{key}s]]\nagent = 'coder'\n")
+    with pytest.raises(ConfigError) as caught:
+        LOADERS[kind](path)
+    assert str(caught.value) == (f"{path}: field '{key}s': unknown field; known fields are {key}")

@@ -20,7 +20,7 @@ from a2a_orchestrator.errors import ConfigError, SpawnRefusedError
         ("[[hook]]\non = 'spawn.never'\ncommand = 'true'\n", "field 'on': must be one of"),
         ("[[hook]]\non = 'complete'\n", "field 'command': missing"),
         ("[[hook]]\non = 'complete'\ncommand = 'true'\nwhen = 1\n", "field 'when': unknown field"),
-        ("hook = 3\n", "'hook' must be an array of tables"),
+        ("hook = 3\n", "field 'hook': must be an array of tables"),
         ("[[hook]\n", "hooks.toml"),
     ],
 )
