@@ -1,14 +1,15 @@
 """Operator files checked against pydantic schemas, with one error wording.
 
-A problem in an operator's file (a role, the agents file, the callers file,
-a hook or spawn policy file) is one `ConfigError` worded one way:
+A problem in an operator's file (a role, an agent, the callers file, a
+hook, spawn policy or reactions file, the price table) is one `ConfigError`
+worded one way:
 
     FILE: field 'KEY.PATH': must be WHAT, got VALUE
 
 `FILE` names the file, and the entry in it where the file holds a list of
-them (`.a2a/hooks.toml: hook 2`); `KEY.PATH` is the key inside it, dotted,
-a list item by its index (`tools.1`); the rest says what a good value is and
-what the file has instead.
+them (`.a2a/hooks.toml: hook 2`); `KEY.PATH` is the key inside it, dotted
+(`callers.ops.token_hash`); the rest says what a good value is and what the
+file has instead (a missing key: `missing`, and what it is for).
 
 A schema is a pydantic model over the parsed file, validated once, when the
 file is read. The field types below carry the wording (`must_be`), so a
@@ -123,6 +124,7 @@ def _key_path(loc: Sequence[int | str]) -> str:
 
 _PROBLEMS: dict[str, Callable[[dict[str, Any]], str]] = {
     "missing": lambda ctx: "missing",
+    "invalid_key": lambda ctx: "must be a string to name a field",
     "string_type": lambda ctx: "must be a string",
     "string_too_short": lambda ctx: "must be a non-empty string",
     "bool_type": lambda ctx: "must be true or false",
@@ -147,13 +149,11 @@ def _problem(error: ErrorDetails, schema: type[BaseModel]) -> str:
         if table is None:
             return "unknown field"
         return f"unknown field; known fields are {', '.join(sorted(table.model_fields))}"
-    if kind == "config":
+    if kind == "config":  # a `must_be` type's own wording
         problem = error["msg"]
-    elif kind == "value_error":
-        problem = str(ctx.get("error", error["msg"]))
     elif kind in _PROBLEMS:
         problem = _PROBLEMS[kind](ctx)
-    else:
+    else:  # pydantic's own words, for a kind no schema here has met yet
         problem = error["msg"][:1].lower() + error["msg"][1:]
     if kind == "missing":
         # A required field's description says what it is for.
