@@ -17,10 +17,10 @@ from a2a_orchestrator.errors import ConfigError, SpawnRefusedError
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[[hook]]\non = 'spawn.never'\ncommand = 'true'\n", "field 'on' must be one of"),
-        ("[[hook]]\non = 'complete'\n", "field 'command' must be a non-empty string"),
-        ("[[hook]]\non = 'complete'\ncommand = 'true'\nwhen = 1\n", "unknown field(s) ['when']"),
-        ("hook = 3\n", "'hook' must be an array of tables"),
+        ("[[hook]]\non = 'spawn.never'\ncommand = 'true'\n", "field 'on': must be one of"),
+        ("[[hook]]\non = 'complete'\n", "field 'command': missing"),
+        ("[[hook]]\non = 'complete'\ncommand = 'true'\nwhen = 1\n", "field 'when': unknown field"),
+        ("hook = 3\n", "field 'hook': must be an array of tables"),
         ("[[hook]\n", "hooks.toml"),
     ],
 )

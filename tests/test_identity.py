@@ -660,14 +660,14 @@ def test_token_hashes_and_bad_callers_files(tmp_path: Path) -> None:
     assert token_matches("a2a_secret", stored) and not token_matches("a2a_secreT", stored)
     path = tmp_path / "callers.toml"
     problems = {
-        '[callers.x]\ntoken_hash = "plain"\n': "token_hash must be",
+        '[callers.x]\ntoken_hash = "plain"\n': "token_hash': must be 'sha256:SALT:DIGEST'",
         f'[callers.x]\ntoken_hash = "{stored}"\nconcurent_tasks = 1\n': "unknown field",
         f'[callers.default]\ntoken_hash = "{stored}"\n': "A2A_AUTH_TOKEN",
         # The owner of tasks stored before callers had names: taking the name
         # would hand those tasks over.
         f'[callers.a2a-client]\ntoken_hash = "{stored}"\n': "stored before callers had names",
         "[limits]\ntokens_per_day = -1\n": "must be an integer >= 0",
-        "[admins]\n": "unknown table",
+        "[admins]\n": "'admins': unknown field",
     }
     for text, expected in problems.items():
         path.write_text(text)

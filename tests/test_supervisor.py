@@ -363,11 +363,11 @@ async def test_reactions_inject_and_signal_without_a_parent_agent(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[[reaction]]\nsignal = 'explode'\n", "field 'signal' must be one of"),
+        ("[[reaction]]\nsignal = 'explode'\n", "field 'signal': must be one of"),
         ("[[reaction]]\ninject = 'x'\nsignal = 'pause'\n", "exactly one of 'inject' and 'signal'"),
         ("[[reaction]]\ninject = 'x'\nevent = { kind = 'sneeze' }\n", "kind must be one of"),
         ("[[reaction]]\ninject = '{{ oops'\n", "inject template"),
-        ("[[reaction]]\ninject = 'x'\nwhen = 1\n", "unknown field(s) ['when']"),
+        ("[[reaction]]\ninject = 'x'\nwhen = 1\n", "field 'when': unknown field"),
     ],
 )
 def test_malformed_reactions(tmp_path: Path, text: str, message: str) -> None:

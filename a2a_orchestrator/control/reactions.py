@@ -25,8 +25,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from pydantic import StrictStr
+
+from ..configfile import Flag, OperatorFile, check
 from ..delegation.base import ChildHandle
 from ..errors import ConfigError, ControlError
 from ..runtime.events import ChildEvent
@@ -40,7 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["REACTION_SIGNALS", "Reaction", "Reactions", "load_reactions"]
 
-REACTION_SIGNALS = ("pause", "resume", "interrupt", "terminate")
+_Signal = Literal["pause", "resume", "interrupt", "terminate"]
+REACTION_SIGNALS: tuple[str, ...] = get_args(_Signal)
 
 logger = logging.getLogger(__name__)
 
@@ -60,34 +64,40 @@ class Reaction:
 def load_reactions(path: str | Path) -> list[Reaction]:
     """The rules of a reactions file; errors name the file, the rule and the field."""
     reactions = []
-    for where, rule in toml_tables(path, "reaction", "reactions"):
-        unknown = set(rule) - {"event", "role", "child", "inject", "signal", "once"}
-        if unknown:
-            raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
-        if ("inject" in rule) == ("signal" in rule):
+    for where, entry in toml_tables(path, "reaction", "reactions"):
+        rule = check(_ReactionEntry, entry, where)
+        if (rule.inject is None) == (rule.signal is None):
             raise ConfigError(f"{where}: give exactly one of 'inject' and 'signal'")
-        if "signal" in rule and rule["signal"] not in REACTION_SIGNALS:
-            raise ConfigError(
-                f"{where}: field 'signal' must be one of {', '.join(REACTION_SIGNALS)}"
-            )
         try:
-            selector = Selector.from_dict(rule.get("event"))
-            if "inject" in rule:
-                render_inject(str(rule["inject"]), {})
+            selector = Selector.from_dict(rule.event)
+            if rule.inject is not None:
+                render_inject(rule.inject, {})
         except ControlError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
         reactions.append(
             Reaction(
                 event=selector,
-                role=rule.get("role"),
-                child=rule.get("child"),
-                inject=rule.get("inject"),
-                signal=rule.get("signal"),
-                once=bool(rule.get("once", False)),
+                role=rule.role,
+                child=rule.child,
+                inject=rule.inject,
+                signal=rule.signal,
+                once=rule.once,
                 name=where,
             )
         )
     return reactions
+
+
+class _ReactionEntry(OperatorFile):
+    """One `[[reaction]]` table of a reactions file."""
+
+    event: Any = None
+    """Checked by `Selector.from_dict`, which the control API shares."""
+    role: StrictStr | None = None
+    child: StrictStr | None = None
+    inject: StrictStr | None = None
+    signal: _Signal | None = None
+    once: Flag = False
 
 
 class Reactions:

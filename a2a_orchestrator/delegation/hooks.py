@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeAlias
 
 import anyio
 
+from ..configfile import OperatorFile, Text, check
 from ..errors import ConfigError
 from ..runtime.lookup import toml_tables
 
@@ -155,13 +156,13 @@ def load_hook_file(path: str | Path, hooks: Hooks | None = None) -> Hooks:
     path = Path(path)
     hooks = hooks or Hooks()
     for where, entry in toml_tables(path, "hook", "hook"):
-        unknown = set(entry) - {"on", "command"}
-        if unknown:
-            raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
-        point, command = entry.get("on"), entry.get("command")
-        if point not in HOOK_POINTS:
-            raise ConfigError(f"{where}: field 'on' must be one of {', '.join(HOOK_POINTS)}")
-        if not isinstance(command, str) or not command.strip():
-            raise ConfigError(f"{where}: field 'command' must be a non-empty string")
-        hooks.on(point, _command_hook(command, point, path.parent))
+        hook = check(_HookEntry, entry, where)
+        hooks.on(hook.on, _command_hook(hook.command, hook.on, path.parent))
     return hooks
+
+
+class _HookEntry(OperatorFile):
+    """One `[[hook]]` table of a hook file."""
+
+    on: HookPoint
+    command: Text

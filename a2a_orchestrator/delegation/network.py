@@ -55,9 +55,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+from pydantic import Field, StrictStr
+
+from ..configfile import Flag, OperatorFile, Port, check
 from ..errors import ConfigError, RoleNotFoundError
 from ..runtime.lookup import lookup_dirs, shipped_dir
 from ..runtime.roles import ROLE_NAME_PATTERN, find_role, read_roles, role_names
@@ -73,20 +76,6 @@ __all__ = [
 
 _SUFFIX = ".toml"
 _OAUTH_FIELDS = ("token_url", "client_id", "client_secret_env", "scope", "audience")
-_FIELDS = frozenset(
-    {
-        "name",
-        "role",
-        "url",
-        "token_env",
-        "description",
-        "port",
-        "card_key",
-        "require_signature",
-        "push",
-        *_OAUTH_FIELDS,
-    }
-)
 # POSIX-portable variable names; this catches a token pasted where its
 # variable's name belongs (a token with '-' or '.' in it fails here).
 _ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -217,6 +206,26 @@ def agent_dirs(
     return lookup_dirs("agents", cwd=cwd, home=home)
 
 
+class _AgentFile(OperatorFile):
+    """An agent file's fields, by type; what their values mean (a name, a
+    URL, a variable's name) is checked as `AgentSpec` checks it."""
+
+    name: StrictStr | None = None
+    role: Annotated[StrictStr, Field(description="the role this agent plays")]
+    url: StrictStr | None = None
+    token_env: StrictStr | None = None
+    description: StrictStr = ""
+    port: Port | None = None
+    card_key: StrictStr | None = None
+    require_signature: Flag = False
+    push: Flag = False
+    token_url: StrictStr | None = None
+    client_id: StrictStr | None = None
+    client_secret_env: StrictStr | None = None
+    scope: StrictStr | None = None
+    audience: StrictStr | None = None
+
+
 def load_agent_file(
     path: str | os.PathLike[str], *, environ: Mapping[str, str] = os.environ
 ) -> AgentSpec:
@@ -244,48 +253,27 @@ def load_agent_file(
         # The decoder's message carries "(at line N, column M)".
         raise ConfigError(f"{where}: not valid TOML: {exc}") from exc
 
-    for key in data:
-        if key not in _FIELDS:
-            raise _file_error(
-                where, key, f"unknown field; known fields are {', '.join(sorted(_FIELDS))}"
-            )
+    fields = check(_AgentFile, data, where)
     name = path.stem
-    if "name" in data and data["name"] != name:
-        raise _file_error(where, "name", f"is {data['name']!r} but the file is named {name!r}")
-    if "role" not in data:
-        raise _file_error(where, "role", "missing; say which role this agent plays")
-    role = _string(where, data, "role")
+    if fields.name is not None and fields.name != name:
+        raise _file_error(where, "name", f"is {fields.name!r} but the file is named {name!r}")
+    role = fields.role
     role_problem = _name_problem(role)
     if role_problem:
         raise _file_error(where, "role", role_problem)
-    url = _optional_string(where, data, "url")
-    if url is not None:
-        url = url.strip()
-        url_problem = _url_problem(url)
-        if url_problem:
-            raise _file_error(where, "url", url_problem)
-    token_env = _optional_string(where, data, "token_env")
-    if token_env is not None:
-        token_env = token_env.strip()
-        token_problem = _token_env_problem(token_env)
-        if token_problem:
-            raise _file_error(where, "token_env", token_problem)
-    description = _optional_string(where, data, "description") or ""
-    oauth = {field: _optional_string(where, data, field) for field in _OAUTH_FIELDS}
+    url = fields.url.strip() if fields.url is not None else None
+    url_problem = _url_problem(url)
+    if url_problem:
+        raise _file_error(where, "url", url_problem)
+    token_env = fields.token_env.strip() if fields.token_env is not None else None
+    token_problem = _token_env_problem(token_env)
+    if token_problem:
+        raise _file_error(where, "token_env", token_problem)
+    oauth = {field: getattr(fields, field) for field in _OAUTH_FIELDS}
     oauth = {field: value.strip() if value else value for field, value in oauth.items()}
-    port = data.get("port")
-    port_problem = _port_problem(port)
-    if port_problem:
-        raise _file_error(where, "port", port_problem)
-    card_key = _optional_string(where, data, "card_key")
+    card_key = fields.card_key
     if card_key is not None and not card_key.startswith(("https://", "http://")):
         card_key = str(path.parent / Path(card_key).expanduser())
-    require_signature = data.get("require_signature", False)
-    if not isinstance(require_signature, bool):
-        raise _file_error(where, "require_signature", "must be true or false")
-    push = data.get("push", False)
-    if not isinstance(push, bool):
-        raise _file_error(where, "push", "must be true or false")
 
     url, token_env = _apply_overrides(name, where, url, token_env, environ)
     try:
@@ -294,12 +282,12 @@ def load_agent_file(
             role=role,
             url=url,
             token_env=token_env,
-            description=description.strip(),
-            port=port,
+            description=fields.description.strip(),
+            port=fields.port,
             source=path,
             card_key=card_key,
-            require_signature=require_signature,
-            push=push,
+            require_signature=fields.require_signature,
+            push=fields.push,
             **oauth,
         )
     except ConfigError as exc:
@@ -468,17 +456,6 @@ def _apply_overrides(
 def _file_error(where: str, field: str, message: str) -> ConfigError:
     # The same shape as RoleFileError, so both kinds of file read alike.
     return ConfigError(f"{where}: field {field!r}: {message}")
-
-
-def _string(where: str, data: dict[str, Any], key: str) -> str:
-    value = data[key]
-    if not isinstance(value, str):
-        raise _file_error(where, key, f"must be a string, got {type(value).__name__}")
-    return value
-
-
-def _optional_string(where: str, data: dict[str, Any], key: str) -> str | None:
-    return _string(where, data, key) if key in data else None
 
 
 def _name_problem(value: object) -> str | None:

@@ -36,8 +36,11 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
+from pydantic import StrictStr
+
+from ..configfile import Flag, NameList, OperatorFile, check
 from ..errors import ConfigError, OrchestratorError, SpawnRefusedError
 from ..runtime.budgets import Budget, BudgetError
 from ..runtime.lookup import toml_tables
@@ -193,49 +196,42 @@ def _narrower_dir(asked: str | None, policy: str) -> str:
     return policy
 
 
-_RULE_FIELDS = frozenset(
-    {"agent", "parent", "transport", "tools", "model", "budget", "network", "workdir", "deny"}
-)
+class _RuleEntry(OperatorFile):
+    """One `[[rule]]` table of a spawn policy file."""
+
+    agent: StrictStr | None = None
+    parent: StrictStr | None = None
+    transport: Literal["local", "remote"] | None = None
+    tools: NameList | None = None
+    model: StrictStr | None = None
+    budget: Any = None
+    """Checked by `Budget.from_dict`, which a child's config shares."""
+    network: Flag | None = None
+    workdir: StrictStr | None = None
+    deny: StrictStr | None = None
 
 
 def _rule(where: str, entry: dict[str, Any]) -> Policy:
-    unknown = set(entry) - _RULE_FIELDS
-    if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
-    for key in ("agent", "parent", "model", "workdir", "deny"):
-        if key in entry and not isinstance(entry[key], str):
-            raise ConfigError(f"{where}: field {key!r} must be a string")
-    transport = entry.get("transport")
-    if transport not in (None, "local", "remote"):
-        raise ConfigError(f"{where}: field 'transport' must be local or remote")
-    tools = entry.get("tools")
-    if tools is not None and (
-        not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools)
-    ):
-        raise ConfigError(f"{where}: field 'tools' must be a list of tool names")
-    network = entry.get("network")
-    if network is not None and not isinstance(network, bool):
-        raise ConfigError(f"{where}: field 'network' must be false")
+    fields = check(_RuleEntry, entry, where)
     try:
-        budget = Budget.from_dict(entry["budget"]) if "budget" in entry else None
+        budget = Budget.from_dict(fields.budget) if fields.budget is not None else None
         narrow = Narrow(
-            tools=tuple(tools) if tools is not None else None,
-            model=entry.get("model"),
+            tools=tuple(fields.tools) if fields.tools is not None else None,
+            model=fields.model,
             budget=budget,
-            network=network,
-            workdir=entry.get("workdir"),
+            network=fields.network,
+            workdir=fields.workdir,
         )
     except BudgetError as exc:
         raise ConfigError(f"{where}: field {exc.field!r}: {exc.problem}") from exc
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    deny = entry.get("deny")
+    agent, parent, transport, deny = fields.agent, fields.parent, fields.transport, fields.deny
 
     def rule(request: SpawnRequest) -> Narrow | Deny | None:
-        agent = entry.get("agent")
         if agent is not None and agent not in (request.agent.name, request.agent.role):
             return None
-        if "parent" in entry and entry["parent"] != request.parent_role:
+        if parent is not None and parent != request.parent_role:
             return None
         if transport is not None and transport != ("remote" if request.remote else "local"):
             return None

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -279,28 +278,14 @@ class PriceTable:
 
     @classmethod
     def load(cls, path: str | Path) -> PriceTable:
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read price table {path}: {exc.strerror or exc}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-        models = data.get("models", {})
-        if set(data) - {"models"} or not isinstance(models, dict):
-            raise ConfigError(f"{path}: a price table has only [models.NAME] tables")
-        prices: dict[str, Price] = {}
-        for name, entry in models.items():
-            where = f"{path}: models.{name}"
-            if not isinstance(entry, dict) or set(entry) != {"input", "output"}:
-                raise ConfigError(f"{where}: must have exactly 'input' and 'output'")
-            for key in ("input", "output"):
-                value = entry[key]
-                ok = isinstance(value, int | float) and not isinstance(value, bool)
-                if not ok or not math.isfinite(value) or value < 0:
-                    raise ConfigError(f"{where}.{key}: must be a number >= 0 (per 1M tokens)")
-            prices[name] = Price(input=float(entry["input"]), output=float(entry["output"]))
-        return cls(prices)
+        """The table in the TOML file at `path`; a `ConfigError` names the
+        file and the key of a bad one."""
+        # Imported here: its schema imports pydantic, which `--help` and the
+        # commands that read no table never need.
+        from .prices import read_prices
+
+        prices = read_prices(Path(path))
+        return cls({name: Price(input=i, output=o) for name, (i, o) in prices.items()})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> PriceTable:

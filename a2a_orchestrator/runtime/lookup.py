@@ -79,7 +79,9 @@ def _candidates(kind: str, base: str, home: str, package: Path) -> tuple[Path, .
 
 def toml_tables(path: str | Path, key: str, what: str) -> list[tuple[str, dict[str, Any]]]:
     """The `[[key]]` tables of a TOML file, each with "<file>: <key> <n>" to name it
-    in errors; a file that cannot be read or parsed is a `ConfigError` naming it."""
+    in errors; a file that cannot be read or parsed, or that holds anything
+    but those tables, is a `ConfigError` naming it (worded as `configfile`
+    words every operator file's problems)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -87,9 +89,14 @@ def toml_tables(path: str | Path, key: str, what: str) -> list[tuple[str, dict[s
         raise ConfigError(f"cannot read {what} file {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+    # A misspelt `[[hooks]]` would otherwise leave the file without its
+    # hooks (a spawn.before that denies, gone) and say nothing.
+    for other in data:
+        if other != key:
+            raise ConfigError(f"{path}: field {other!r}: unknown field; known fields are {key}")
     entries = data.get(key, [])
     if not isinstance(entries, list):
-        raise ConfigError(f"{path}: '{key}' must be an array of tables ([[{key}]])")
+        raise ConfigError(f"{path}: field {key!r}: must be an array of tables ([[{key}]])")
     tables = []
     for number, entry in enumerate(entries, start=1):
         where = f"{path}: {key} {number}"

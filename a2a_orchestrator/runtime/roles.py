@@ -39,12 +39,24 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import yaml
+from pydantic import Field, StrictStr, ValidationError
 
+from ..configfile import (
+    Count,
+    Flag,
+    NameList,
+    OperatorFile,
+    PositiveInt,
+    PositiveNumber,
+    SecondsOrZero,
+    Text,
+    describe,
+)
 from ..errors import ConfigError, RoleFileError, RoleNotFoundError
-from .budgets import Budget
+from .budgets import Budget, BudgetError
 from .lookup import lookup_dirs, shipped_dir
 
 __all__ = [
@@ -70,24 +82,33 @@ a dot or a slash (`../etc/passwd`) is refused before it reaches the disk."""
 # Priority order inside one directory: the first suffix found wins.
 _SUFFIXES = (".md", ".json")
 
-# Markdown carries the prompt as its body; JSON carries it as a field.
-_MARKDOWN_FIELDS = frozenset(
-    {
-        "name",
-        "description",
-        "model",
-        "models",
-        "tools",
-        "skills",
-        "max_turns",
-        "timeout",
-        "sandbox_network",
-        "model_timeout",
-        "model_retries",
-        "budget",
-    }
-)
-_JSON_FIELDS = _MARKDOWN_FIELDS | {"prompt"}
+
+class _MarkdownRole(OperatorFile):
+    """A Markdown role's front matter: the prompt is the file's body."""
+
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    model: Text = "default"
+    models: NameList | None = None
+    tools: NameList | None = None
+    skills: NameList | None = None
+    max_turns: PositiveInt = 10
+    timeout: PositiveNumber = 60.0
+    sandbox_network: Flag = False
+    model_timeout: SecondsOrZero | None = None
+    model_retries: Count | None = None
+    budget: Any = None
+    """Checked by `Budget.from_dict`, which a child's config shares."""
+
+
+class _JsonRole(_MarkdownRole):
+    """A JSON role: the prompt is a field."""
+
+    prompt: Annotated[Text, Field(description="the system prompt")]
+
+
+_Fields = TypeVar("_Fields", bound=_MarkdownRole)
+
 
 _FRONT_MATTER_FENCE = "---"
 
@@ -400,13 +421,12 @@ def _parse_role_file(path: Path) -> Role:
         raise RoleFileError(where, f"cannot read: {exc.strerror or exc}") from exc
 
     if suffix == ".md":
-        fields, prompt = _parse_markdown(where, text)
-        _check_known_fields(where, fields, _MARKDOWN_FIELDS)
-    else:
-        fields = _parse_json(where, text)
-        _check_known_fields(where, fields, _JSON_FIELDS)
-        prompt = fields.pop("prompt", None)
-    return _build_role(where, path, fields, prompt)
+        fields, body = _parse_markdown(where, text)
+        if not body.strip():
+            raise RoleFileError(where, "missing or empty", field="prompt")
+        return _build_role(where, path, _checked(where, _MarkdownRole, fields), body)
+    checked = _checked(where, _JsonRole, _parse_json(where, text))
+    return _build_role(where, path, checked, checked.prompt)
 
 
 # --- lookup helpers -----------------------------------------------------------
@@ -479,93 +499,47 @@ def _parse_json(where: str, text: str) -> dict[str, Any]:
     return data
 
 
-def _check_known_fields(where: str, fields: dict[str, Any], allowed: frozenset[str]) -> None:
-    for key in fields:
-        if not isinstance(key, str):
-            raise RoleFileError(where, "field names must be strings", field=str(key))
-        if key not in allowed:
-            raise RoleFileError(
-                where, f"unknown field; known fields are {', '.join(sorted(allowed))}", field=key
-            )
+def _checked(where: str, schema: type[_Fields], fields: dict[str, Any]) -> _Fields:
+    try:
+        return schema.model_validate(fields)
+    except ValidationError as exc:
+        field, problem = describe(exc, schema)
+        raise RoleFileError(where, problem, field=field) from exc
 
 
-def _build_role(where: str, path: Path, fields: dict[str, Any], prompt: Any) -> Role:
+def _build_role(where: str, path: Path, fields: _MarkdownRole, prompt: str) -> Role:
     name = path.stem
-    if "name" in fields and fields["name"] != name:
+    if fields.name is not None and fields.name != name:
         raise RoleFileError(
-            where, f"is {fields['name']!r} but the file is named {name!r}", field="name"
-        )
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise RoleFileError(where, "missing or empty", field="prompt")
-    description = fields.get("description", "")
-    if description is None:
-        description = ""
-    if not isinstance(description, str):
-        raise RoleFileError(where, "must be a string", field="description")
-    model = fields.get("model", "default")
-    if not isinstance(model, str) or not model.strip():
-        raise RoleFileError(where, "must be a non-empty string", field="model")
-    max_turns = fields.get("max_turns", 10)
-    if not _is_positive_int(max_turns):
-        raise RoleFileError(
-            where, f"must be a positive integer, got {max_turns!r}", field="max_turns"
-        )
-    timeout = fields.get("timeout", 60.0)
-    if not _is_positive_number(timeout):
-        raise RoleFileError(where, f"must be a positive number, got {timeout!r}", field="timeout")
-    sandbox_network = fields.get("sandbox_network", False)
-    if not isinstance(sandbox_network, bool):
-        raise RoleFileError(
-            where, f"must be true or false, got {sandbox_network!r}", field="sandbox_network"
-        )
-    model_timeout = fields.get("model_timeout")
-    if model_timeout is not None and not _is_seconds_or_zero(model_timeout):
-        raise RoleFileError(
-            where,
-            f"must be a number of seconds, 0 for no limit, got {model_timeout!r}",
-            field="model_timeout",
-        )
-    model_retries = fields.get("model_retries")
-    if model_retries is not None and not _is_count(model_retries):
-        raise RoleFileError(
-            where,
-            f"must be a whole number, 0 or more, got {model_retries!r}",
-            field="model_retries",
+            where, f"is {fields.name!r} but the file is named {name!r}", field="name"
         )
     budget = None
-    if fields.get("budget") is not None:
+    if fields.budget is not None:
         try:
-            budget = Budget.from_dict(fields["budget"])
-        except ConfigError as exc:
-            raise RoleFileError(where, str(exc), field="budget") from exc
+            budget = Budget.from_dict(fields.budget)
+        except BudgetError as exc:
+            raise RoleFileError(where, exc.problem, field=exc.field) from exc
     return Role(
         name=name,
-        description=description.strip(),
+        description=(fields.description or "").strip(),
         prompt=prompt.strip(),
-        model=model.strip(),
-        models=_string_list(where, fields, "models"),
-        tools=_string_list(where, fields, "tools"),
-        skills=_string_list(where, fields, "skills"),
-        max_turns=max_turns,
-        timeout=float(timeout),
-        sandbox_network=sandbox_network,
-        model_timeout=None if model_timeout is None else float(model_timeout),
-        model_retries=model_retries,
+        model=fields.model,
+        models=_unique(fields.models),
+        tools=_unique(fields.tools),
+        skills=_unique(fields.skills),
+        max_turns=fields.max_turns,
+        timeout=fields.timeout,
+        sandbox_network=fields.sandbox_network,
+        model_timeout=fields.model_timeout,
+        model_retries=fields.model_retries,
         budget=budget,
         source=path,
     )
 
 
-def _string_list(where: str, fields: dict[str, Any], key: str) -> tuple[str, ...]:
-    value = fields.get(key)
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(
-        isinstance(item, str) and item.strip() for item in value
-    ):
-        raise RoleFileError(where, "must be a list of non-empty strings", field=key)
+def _unique(names: list[str] | None) -> tuple[str, ...]:
     # Order is kept (it is the order the model sees); repeats add nothing.
-    return tuple(dict.fromkeys(item.strip() for item in value))
+    return tuple(dict.fromkeys(names or ()))
 
 
 def _is_positive_int(value: object) -> bool:
@@ -579,16 +553,4 @@ def _is_positive_number(value: object) -> bool:
         and not isinstance(value, bool)
         and math.isfinite(value)
         and value > 0
-    )
-
-
-def _is_seconds_or_zero(value: object) -> bool:
-    return _is_positive_number(value) or (
-        isinstance(value, int | float) and not isinstance(value, bool) and value == 0
-    )
-
-
-def _is_count(value: object) -> bool:
-    return _is_positive_int(value) or (
-        isinstance(value, int) and not isinstance(value, bool) and value == 0
     )

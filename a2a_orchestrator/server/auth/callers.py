@@ -54,8 +54,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
+from pydantic import Field, StrictInt, StrictStr
+
+from ...configfile import Flag, OperatorFile, check, must_be
 from ...errors import ConfigError
 
 __all__ = [
@@ -262,72 +265,74 @@ def _parse(path: Path) -> _Parsed:
         raise ConfigError(f"cannot read callers file {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"callers file {path} does not parse: {exc}") from exc
-    unknown = set(data) - {"limits", "callers", "subjects"}
-    if unknown:
-        raise ConfigError(
-            f"callers file {path}: unknown table(s) {sorted(unknown)}; "
-            "expected [limits], [callers.NAME], [subjects.SUB]"
-        )
-    defaults = _limits(path, "[limits]", _table(path, "[limits]", data.get("limits", {})), set())
+    where = f"callers file {path}"
+    checked = check(_CallersFile, data, where)
     entries = []
-    for name, raw in _table(path, "[callers]", data.get("callers", {})).items():
-        where = f"[callers.{name}]"
+    for name, table in checked.callers.items():
         if not _NAME.fullmatch(name):
             raise ConfigError(
-                f"callers file {path}: {where}: a name is letters, digits, '.', '_', '@', '-' "
-                "(at most 64)"
+                f"{where}: field 'callers.{name}': a name is letters, digits, '.', '_', '@', "
+                "'-' (at most 64)"
             )
         if name in RESERVED_NAMES:
             raise ConfigError(
-                f"callers file {path}: {where}: the name {name!r} is reserved "
+                f"{where}: field 'callers.{name}': the name {name!r} is reserved "
                 f"({DEFAULT_CALLER!r} is the caller of A2A_AUTH_TOKEN, {LEGACY_OWNER!r} owns "
                 "tasks stored before callers had names); choose another"
             )
-        table = _table(path, where, raw)
-        token_hash = table.get("token_hash")
-        match = _HASH.fullmatch(token_hash) if isinstance(token_hash, str) else None
-        if match is None:
-            raise ConfigError(
-                f"callers file {path}: {where}: token_hash must be 'sha256:SALT:DIGEST' "
-                "(a2a-orchestrator token add NAME --file FILE makes one)"
-            )
-        salt, digest = match.groups()
-        operator = table.get("operator", False)
-        if not isinstance(operator, bool):
-            raise ConfigError(f"callers file {path}: {where}: operator must be true or false")
-        limits = _limits(path, where, table, {"token_hash", "operator"})
+        _, salt, digest = table.token_hash.split(":")  # its pattern was checked
         entries.append(
-            _Entry(name=name, salt=salt, digest=digest.encode(), limits=limits, operator=operator)
+            _Entry(
+                name=name,
+                salt=salt,
+                digest=digest.encode(),
+                limits=table.limits(),
+                operator=table.operator,
+            )
         )
-    subjects = {
-        str(sub): _limits(path, f"[subjects.{sub!r}]", _table(path, "[subjects]", raw), set())
-        for sub, raw in _table(path, "[subjects]", data.get("subjects", {})).items()
-    }
-    return _Parsed(entries=tuple(entries), defaults=defaults, subjects=subjects)
+    subjects = {sub: table.limits() for sub, table in checked.subjects.items()}
+    return _Parsed(entries=tuple(entries), defaults=checked.limits.limits(), subjects=subjects)
 
 
-def _table(path: Path, where: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"callers file {path}: {where} must be a table")
-    return value
+_Limit = Annotated[StrictInt, Field(ge=0), must_be("an integer >= 0")]
 
 
-def _limits(path: Path, where: str, table: Mapping[str, Any], other: set[str]) -> Limits:
-    unknown = set(table) - set(_LIMIT_FIELDS) - other
-    if unknown:
-        raise ConfigError(
-            f"callers file {path}: {where}: unknown field(s) {sorted(unknown)}; "
-            f"limits are {', '.join(_LIMIT_FIELDS)}"
+class _LimitsTable(OperatorFile):
+    """`[limits]`, a `[subjects.SUB]` table, and the limits of a caller's."""
+
+    concurrent_tasks: _Limit | None = None
+    tasks_per_minute: _Limit | None = None
+    tokens_per_day: _Limit | None = None
+
+    def limits(self) -> Limits:
+        return Limits(
+            concurrent_tasks=self.concurrent_tasks,
+            tasks_per_minute=self.tasks_per_minute,
+            tokens_per_day=self.tokens_per_day,
         )
-    values: dict[str, int] = {}
-    for name in _LIMIT_FIELDS:
-        if name not in table:
-            continue
-        value = table[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"callers file {path}: {where}: {name} must be an integer >= 0")
-        values[name] = value
-    return Limits(**values)
+
+
+class _CallerTable(_LimitsTable):
+    """A `[callers.NAME]` table."""
+
+    token_hash: Annotated[
+        StrictStr,
+        Field(
+            pattern=f"^{_HASH.pattern}$",
+            description="the caller's token hash "
+            "(a2a-orchestrator token add NAME --file FILE makes one)",
+        ),
+        must_be("'sha256:SALT:DIGEST' (a2a-orchestrator token add NAME --file FILE makes one)"),
+    ]
+    operator: Flag = False
+
+
+class _CallersFile(OperatorFile):
+    """A callers file: `[limits]`, `[callers.NAME]` and `[subjects.SUB]` tables."""
+
+    limits: _LimitsTable = _LimitsTable()
+    callers: dict[str, _CallerTable] = {}
+    subjects: dict[str, _LimitsTable] = {}
 
 
 def add_caller(path: str | Path, name: str, *, replace: bool = False) -> str:
