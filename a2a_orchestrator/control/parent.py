@@ -20,6 +20,7 @@ import anyio
 from ..delegation.hooks import Hooks
 from ..delegation.session import Session
 from ..models.base import ChatMessage, Model
+from ..observe import tracing
 from ..runtime.conversation import Conversation, Emit
 from ..runtime.events import ChildEvent, MessageDelta, event_to_dict
 from ..runtime.factory import role_conversation
@@ -85,6 +86,7 @@ class ParentAgent:
             # The operator's sandbox (--no-sandbox, --allow-network, the
             # store hidden) for a parent role that lists run_command too.
             sandbox=session.sandbox,
+            spans=tracing.CONVERSATION_SPANS,
         )
         self.plane.inbox = self.conversation
         self.emit: Emit | None = None

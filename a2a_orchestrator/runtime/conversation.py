@@ -58,14 +58,13 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 
 from ..errors import ModelError, ToolError
 from ..models.base import ChatMessage, Model, Restart, TextDelta, ToolCall, ToolSpec, Usage
-from ..observe import tracing
 from ..tools.base import CallScope, Tool, current_call
 from .budgets import Budget, Meter, Price, Spend
 from .events import (
@@ -83,8 +82,10 @@ from .events import (
 )
 from .instruments import observed_emit, observed_stream
 from .journal import Journal
+from .selectors import Selector, selecting_rule
+from .spans import NO_SPANS, Spans
 
-__all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "Conversation", "Emit"]
+__all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "HOLD_LIMIT", "Conversation", "Emit"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,10 @@ ASK_PARENT_SPEC = ToolSpec(
 )
 
 DEFAULT_MAX_TURNS = 10
+HOLD_LIMIT = 30.0
+"""Seconds a conversation held by a pause rule waits for its caller to
+confirm (pause) or release (resume) before it goes on by itself: a caller
+that crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 DELTA_INTERVAL = 0.05
 DEFAULT_TIMEOUT = 60.0
 
@@ -129,11 +134,14 @@ class Conversation:
         spent: Spend | None = None,
         turn_spent: Spend | None = None,
         spent_below: Callable[[], Awaitable[Spend]] | None = None,
+        spans: Spans = NO_SPANS,
     ) -> None:
         """`budget` caps the child's life and subtree; `price` makes its model
         calls' cost (required for a cost budget); `spent` is what it spent
         before (a rebuilt child), `turn_spent` what the turn a crash cut had
-        spent, `spent_below` reads what its own children spent."""
+        spent, `spent_below` reads what its own children spent. `spans`
+        opens the spans of its model and tool calls (`spans.py`; whoever
+        builds it gives the tracer's)."""
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if timeout <= 0:
@@ -141,6 +149,7 @@ class Conversation:
         self.model = model
         self.role = role
         self.journal = journal
+        self.spans = spans
         self.max_turns = max_turns
         self.timeout = timeout
         self._tools = {tool.name: tool for tool in tools}
@@ -166,6 +175,9 @@ class Conversation:
         self._resumed = anyio.Event()
         self._resumed.set()
         self._hold: tuple[str, float] | None = None
+        self._pause_rules: dict[str, Selector] = {}
+        self._held_at: ChildEvent | None = None
+        """The event a pause rule held the conversation at (`holds_at`)."""
         self._steering: list[str] = []
         # Whether the running turn still reads steering (`offer`): set when a
         # turn starts, cleared the moment its loop decides to end.
@@ -257,6 +269,33 @@ class Conversation:
         self._hold = None
         self._resumed.set()
 
+    def pause_on(self, rules: Mapping[str, Selector]) -> None:
+        """Replace the pause rules: the moment a turn emits an event a rule
+        selects, before the event is handed on, the conversation is held
+        (`hold`, for `HOLD_LIMIT` seconds), so it takes no step after the
+        match however long the event takes to reach whoever decides. A rule
+        dropped while it holds the conversation releases it."""
+        self._pause_rules = dict(rules)
+        held = self.held
+        if held is not None and held not in self._pause_rules:
+            self.resume()
+
+    def holds_at(self, event: ChildEvent) -> bool:
+        """Whether a pause rule holds the conversation at `event` now."""
+        return self._held_at is event and self.held is not None
+
+    def _holding(self, emit: Emit) -> Emit:
+        async def held(event: ChildEvent) -> None:
+            # A pause already taken is not weakened into a hold.
+            if self._pause_rules and not self.paused:
+                rule_id = selecting_rule(self._pause_rules, event)
+                if rule_id is not None:
+                    self.hold(rule_id, HOLD_LIMIT)
+                    self._held_at = event
+            await emit(event)
+
+        return held
+
     def steer(self, text: str) -> None:
         """Queue steering input (absorbed before child results); with no turn
         running it waits for the next turn's first step boundary."""
@@ -306,7 +345,7 @@ class Conversation:
         started_at = self._turn_started = anyio.current_time()
         self._paused_time = 0.0
         # A server's metrics, which label tool calls with the tools it really has.
-        emit = observed_emit(emit, self.role, self.model.name, self._tool_names)
+        emit = self._holding(observed_emit(emit, self.role, self.model.name, self._tool_names))
         try:
             # Input queued while no turn ran (an injection, a child's result)
             # is this turn's from its first model call, ahead of the turn's own
@@ -442,7 +481,7 @@ class Conversation:
             sent = False  # whether a delta of this attempt's text went out
             last_sent = anyio.current_time()
             call_usage = Usage()
-            stream = tracing.model_call(self.model, self.messages, self._specs)
+            stream = self.spans.model_call(self.model, self.messages, self._specs)
             async for item in observed_stream(stream, self.role, self.model.name):
                 if isinstance(item, TextDelta):
                     if item.text:
@@ -541,7 +580,7 @@ class Conversation:
                 return
         outcome = "interrupted"
         try:
-            with tracing.tool_call(call.name) as traced:
+            with self.spans.tool_call(call.name) as traced:
                 output, success = await self._call_tool(call, marker)
                 traced.succeeded(success)
             await self._record_result(call, output, success, emit)

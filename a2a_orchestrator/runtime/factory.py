@@ -18,12 +18,13 @@ from ..models.base import ChatMessage, Model
 from ..models.config import limit_model
 from ..tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
 from .budgets import PriceTable, Spend
-from .conversation import ASK_PARENT, Conversation
+from .conversation import ASK_PARENT, HOLD_LIMIT, Conversation
 from .events import ChildEvent, Done, Failed, InputRequired
 from .journal import Journal
 from .overrides import Overrides, parse_overrides
 from .render import INTERRUPTED_TEXT
 from .roles import Role
+from .spans import NO_SPANS, Spans
 
 __all__ = [
     "CONTROL_ACTIONS",
@@ -34,11 +35,6 @@ __all__ = [
     "role_conversation",
     "spent_in",
 ]
-
-HOLD_LIMIT = 30.0
-"""Seconds a task held by a pause rule waits for its caller to confirm
-(pause) or release (resume) before it goes on by itself: a caller that
-crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 
 CONTROL_TOOL_NAMES = frozenset(
     {"agent", "agent_manage", "agent_abort", "spawn_agent", "wait_agent", "send_message"}
@@ -75,6 +71,7 @@ def role_conversation(
     turn_spent: Spend | None = None,
     spent_below: Callable[[], Awaitable[Spend]] | None = None,
     reuse_tools: bool = True,
+    spans: Spans = NO_SPANS,
 ) -> Conversation:
     """A conversation with exactly the tools the role lists, within the role's budget.
 
@@ -86,7 +83,7 @@ def role_conversation(
     has a cost budget and `prices` has no price for its model. `spent`,
     `turn_spent` and `spent_below` go to the `Conversation`. `reuse_tools`
     (`build_tools`' `reuse`): False for a workspace made for this
-    conversation alone.
+    conversation alone. `spans`: the tracer's, from whoever builds it.
     """
     extra = dict(extra_tools or {})
     unknown = [
@@ -135,6 +132,7 @@ def role_conversation(
         spent=spent,
         turn_spent=turn_spent,
         spent_below=spent_below,
+        spans=spans,
     )
 
 

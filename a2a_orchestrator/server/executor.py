@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 from a2a.helpers import get_message_text
@@ -58,9 +58,9 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskStore, TaskUpdater
-from a2a.types import Message, Task, TaskState, TaskStatus
+from a2a.types import Task, TaskState, TaskStatus
 
-from ..errors import ConfigError, ControlError
+from ..errors import ConfigError
 from ..models.base import ChatMessage, Model
 from ..observe import tracing
 from ..protocol.decoding import history_entries
@@ -68,15 +68,13 @@ from ..protocol.frames import FrameBatcher
 from ..protocol.wire import (
     BATCH_VERSIONS,
     CONFIG_KEY,
-    PAUSE_ON_KEY,
     metadata_of,
-    pause_rules_from_wire,
     publish,
     started_message,
 )
 from ..runtime.budgets import Budget, PriceTable
 from ..runtime.conversation import Conversation
-from ..runtime.events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, Started
+from ..runtime.events import ChildEvent, Failed, InputRequired, Started
 from ..runtime.factory import HOLD_LIMIT, control, role_conversation, spent_in
 from ..runtime.overrides import Overrides, check_wire_overrides, offered_models
 from ..runtime.roles import Role
@@ -85,6 +83,7 @@ from ..runtime.transcript import rebuild_transcript
 from ..storage.journal import JournalRow, ToolJournal, lost_announcements, unanswered
 from ..storage.taskstore import ObservedTaskStore, context_tasks
 from ..tools import Sandbox, Workspace
+from .requests import turn_request
 
 if TYPE_CHECKING:
     from a2a.server.cluster import VersionedTaskStore
@@ -160,19 +159,6 @@ def _restore_lost_calls(
             entries[-1:-1] = restored
             return
     per_task[-1].extend(restored)
-
-
-def _metadata(message: Message | None) -> dict[str, Any]:
-    return metadata_of(message)
-
-
-def _pause_rules(message: Message | None) -> dict[str, Selector]:
-    """A turn message's pause rules (the request handler refused bad ones)."""
-    try:
-        return pause_rules_from_wire(_metadata(message).get(PAUSE_ON_KEY))
-    except ControlError:
-        logger.warning("ignoring malformed pause rules on a turn's message")
-        return {}
 
 
 class RoleExecutor(AgentExecutor):
@@ -315,7 +301,7 @@ class RoleExecutor(AgentExecutor):
         task_id = context.task_id or ""
         # Taken before the task's first event goes out: a `pause_on` sent on
         # hearing of the task replaces them, never the other way round.
-        rules = self._pause_rules[task_id] = _pause_rules(context.message)
+        rules = self._pause_rules[task_id] = dict(turn_request(context.call_context).rules)
         try:
             await self._execute(context, event_queue, task_id)
         finally:
@@ -345,9 +331,11 @@ class RoleExecutor(AgentExecutor):
         batching = next((uri for uri in BATCH_VERSIONS if uri in requested), None)
         frames = FrameBatcher(updater, extension=batching) if batching else None
 
+        conversation: Conversation | None = None
+
         async def emit(event: ChildEvent) -> None:
             nonlocal opening
-            held = self._hold_on_match(task_id, event)
+            held = conversation is not None and conversation.holds_at(event)
             if opening is not None:
                 first, opening = opening, None
                 if frames is not None and isinstance(event, Started):
@@ -391,6 +379,8 @@ class RoleExecutor(AgentExecutor):
             await emit(Failed(reason="error", message=busy))
             return
         self._context_of[task_id] = context_id
+        # The conversation holds the task at an event its rules select.
+        conversation.pause_on(self._pause_rules.get(task_id, {}))
         # No message: a replica adopting a dead one's turn continues it (`replicas.py`).
         text = get_message_text(context.message) if context.message else None
         ended = self._turn_ended[task_id] = anyio.Event()
@@ -512,7 +502,7 @@ class RoleExecutor(AgentExecutor):
         first = next((t.history[0] for t in tasks if t.history), context.message)
         # Checked again though the handler checked it on the way in: a stored
         # message may predate this server's current allow-list.
-        overrides = self.check_config(_metadata(first).get(CONFIG_KEY))
+        overrides = self.check_config(metadata_of(first).get(CONFIG_KEY))
         role = overrides.apply(self.role)
         model = self.model
         if overrides.model is not None and self._models is not None:
@@ -542,6 +532,7 @@ class RoleExecutor(AgentExecutor):
             sandbox=self.sandbox,
             prices=self.prices,
             spent=spent,
+            spans=tracing.CONVERSATION_SPANS,
         )
 
     async def _earlier_tasks(
@@ -579,22 +570,6 @@ class RoleExecutor(AgentExecutor):
         with anyio.move_on_after(_STOP_GRACE):
             await ended.wait()
 
-    def _hold_on_match(self, task_id: str, event: ChildEvent) -> bool:
-        """Hold the task's conversation when `event` matches one of its pause
-        rules; True if this event holds it."""
-        rules = self._pause_rules.get(task_id)
-        # A terminal event ends the turn: there is no next step to hold.
-        if not rules or event.kind in TERMINAL_KINDS:
-            return False
-        conversation = self.conversation(task_id)
-        if conversation is None or conversation.paused:
-            return False
-        for rule_id, selector in rules.items():
-            if selector.selects(event):
-                conversation.hold(rule_id, HOLD_LIMIT)
-                return True
-        return False
-
     def _replace_rules(self, task_id: str, rules: Mapping[str, Selector]) -> bool:
         current = self._pause_rules.get(task_id)
         if current is None:
@@ -603,10 +578,9 @@ class RoleExecutor(AgentExecutor):
         current.clear()
         current.update(rules)
         conversation = self.conversation(task_id)
-        held = conversation.held if conversation is not None else None
-        if conversation is not None and held is not None and held not in rules:
-            # Its caller dropped the rule before it heard of the match.
-            conversation.resume()
+        if conversation is not None:
+            # Released if its caller dropped the rule before it heard of the match.
+            conversation.pause_on(rules)
         return True
 
     def control(

@@ -17,10 +17,11 @@ from pathlib import Path, PurePosixPath
 
 from ...errors import ConfigError, OrchestratorError
 from ...models.base import ChatMessage, Model
+from ...observe import tracing
 from ...runtime.budgets import Budget, PriceTable, Spend
 from ...runtime.conversation import Conversation
-from ...runtime.events import TERMINAL_KINDS, ChildEvent
-from ...runtime.factory import HOLD_LIMIT, apply_child_config, control, role_conversation, spent_in
+from ...runtime.events import ChildEvent
+from ...runtime.factory import apply_child_config, control, role_conversation, spent_in
 from ...runtime.render import CANCELED_TEXT
 from ...runtime.roles import find_role
 from ...runtime.selectors import Selector
@@ -117,21 +118,13 @@ class LocalRun:
         self.conversation = conversation
         self._spent_below = spent_below
         self.on_identity: IdentityListener | None = None
-        self._pause_rules: dict[str, Selector] = {}
 
     @property
     def model(self) -> str:
         return self.conversation.model.name
 
     async def turn(self, text: str | None, emit: Emit) -> list[str]:
-        async def held(event: ChildEvent) -> None:
-            # Held before the event is handed on, as a role server holds a
-            # task: the conversation takes no step after a match until the
-            # parent confirms (pause) or releases (resume) the hold.
-            self._hold_on_match(event)
-            await emit(event)
-
-        await self.conversation.run(text, held)
+        await self.conversation.run(text, emit)
         # Steering the turn took but never read (it ended first): handed
         # back, so the handle makes it the next turn's input.
         return self.conversation.take_steering()
@@ -147,23 +140,12 @@ class LocalRun:
         control(self.conversation, "resume")
 
     async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
-        """Hold the conversation at an event a rule selects, before its next
-        step: the parent's watchers hear of events beside the child's turn,
-        not inside it, so their `pause()` would come a step late. A rule
-        dropped while it holds the conversation releases it."""
-        self._pause_rules = dict(rules)
-        held = self.conversation.held
-        if held is not None and held not in self._pause_rules:
-            self.conversation.resume()
+        """The conversation holds itself at an event a rule selects, before
+        its next step (`Conversation.pause_on`): the parent's watchers hear
+        of events beside the child's turn, not inside it, so their `pause()`
+        would come a step late."""
+        self.conversation.pause_on(rules)
         return True
-
-    def _hold_on_match(self, event: ChildEvent) -> None:
-        if not self._pause_rules or event.kind in TERMINAL_KINDS or self.conversation.paused:
-            return  # a turn's last event has no next step to hold
-        for rule_id, selector in self._pause_rules.items():
-            if selector.selects(event):
-                self.conversation.hold(rule_id, HOLD_LIMIT)
-                return
 
     async def steer(self, text: str) -> bool:
         # Decided at once in this process: the loop either will read it or
@@ -268,6 +250,7 @@ class LocalDelegate:
             spent=spent,
             turn_spent=turn_spent,
             spent_below=spent_below,
+            spans=tracing.CONVERSATION_SPANS,
         )
 
     async def open(

@@ -40,7 +40,7 @@ from ...runtime.events import (
     Started,
 )
 from ...runtime.render import CANCELED_TEXT, INTERRUPTED_TEXT
-from ...runtime.selectors import Selector
+from ...runtime.selectors import Selector, selecting_rule
 from ..base import (
     ChildConfig,
     Emit,
@@ -145,7 +145,7 @@ class MemoryRun:
                         if event.kind in TERMINAL_KINDS:
                             ended = True
                             self._remember(event)
-                        elif any(rule.selects(event) for rule in self._pause_rules.values()):
+                        elif selecting_rule(self._pause_rules, event) is not None:
                             # Held before the next item: the parent's
                             # watchers hear of the event beside this turn,
                             # so their pause would come an item late.
