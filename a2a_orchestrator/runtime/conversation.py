@@ -36,13 +36,14 @@ Contract kept here:
   step boundaries, never at step 0: steering first, then child results.
   Input queued between turns is taken when the next turn starts, so its
   first model call sees it. Child results are de-duplicated by their uuid.
-- Budgets (`budgets.py`): with a `budget`, the conversation is stopped at
-  the step where it would pass it, as `Failed(reason="budget")`: before a
-  model call once a kind is used up, right after a model call whose tokens
-  or cost passed it (its tool calls are not run), and at a deadline for
-  wall time. `spent` is the child's spend over its whole life (seeded when
-  it is rebuilt after a crash), `spent_below` what its own children spent;
-  a turn's `cap` (a role server's per-caller limit) counts this turn only.
+- Budgets (`budgets.py`): given a `Meter` with a budget, the conversation
+  is stopped at the step where it would pass it, as
+  `Failed(reason="budget")`: before a model call once a kind is used up,
+  right after a model call whose tokens or cost passed it (its tool calls
+  are not run), and at a deadline for wall time. The meter's `spent` is the
+  child's spend over its whole life (seeded when it is rebuilt after a
+  crash), its `below` what its own children spent; a turn's `cap` (a role
+  server's per-caller limit) counts this turn only.
   Every `Done` and `Failed` carries the turn's spend; the first event of
   each step carries that model call's.
 - `offer(text)` is steering for the running turn only, decided at once: True
@@ -66,7 +67,7 @@ import anyio
 from ..errors import ModelError, ToolError
 from ..models.base import ChatMessage, Model, Restart, TextDelta, ToolCall, ToolSpec, Usage
 from ..tools.base import CallScope, Tool, current_call
-from .budgets import Budget, Meter, Price, Spend
+from .budgets import Budget, Meter, Spend
 from .events import (
     AssistantMessage,
     ChildEvent,
@@ -129,19 +130,14 @@ class Conversation:
         role: str = "",
         messages: Sequence[ChatMessage] | None = None,
         journal: Journal | None = None,
-        budget: Budget | None = None,
-        price: Price | None = None,
-        spent: Spend | None = None,
-        turn_spent: Spend | None = None,
-        spent_below: Callable[[], Awaitable[Spend]] | None = None,
+        meter: Meter | None = None,
         spans: Spans = NO_SPANS,
     ) -> None:
-        """`budget` caps the child's life and subtree; `price` makes its model
-        calls' cost (required for a cost budget); `spent` is what it spent
-        before (a rebuilt child), `turn_spent` what the turn a crash cut had
-        spent, `spent_below` reads what its own children spent. `spans`
-        opens the spans of its model and tool calls (`spans.py`; whoever
-        builds it gives the tracer's)."""
+        """`meter` keeps its spend against its budget (`budgets.Meter`: the
+        budget that caps the child's life and subtree, the price its model
+        calls cost, what it spent before a rebuild, what its own children
+        spent; None: no budget). `spans` opens the spans of its model and
+        tool calls (`spans.py`; whoever builds it gives the tracer's)."""
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if timeout <= 0:
@@ -162,9 +158,7 @@ class Conversation:
             self.messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.usage = Usage()
         self._turn_usage = Usage()
-        self.meter = Meter(
-            budget, price=price, spent=spent, turn=turn_spent, below=spent_below, model=model.name
-        )
+        self.meter = meter if meter is not None else Meter(model=model.name)
         """The child's spend against its budget."""
         self._budget_deadline = False
         self._paused_time = 0.0

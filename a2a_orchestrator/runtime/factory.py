@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..models.base import ChatMessage, Model
 from ..models.config import limit_model
 from ..tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
-from .budgets import PriceTable, Spend
+from .budgets import Meter, PriceTable, Spend
 from .conversation import ASK_PARENT, HOLD_LIMIT, Conversation
 from .events import ChildEvent, Done, Failed, InputRequired
 from .journal import Journal
@@ -116,6 +116,9 @@ def role_conversation(
     )
     tools += [extra[name] for name in role.tools if name in extra]
     price = prices.price(model.name) if prices is not None else None
+    meter = Meter(
+        role.budget, price=price, spent=spent, turn=turn_spent, below=spent_below, model=model.name
+    )
     return Conversation(
         # The role file's model_timeout / model_retries, where it sets them.
         model=limit_model(model, timeout=role.model_timeout, retries=role.model_retries),
@@ -127,11 +130,7 @@ def role_conversation(
         role=role.name,
         messages=messages,
         journal=journal,
-        budget=role.budget,
-        price=price,
-        spent=spent,
-        turn_spent=turn_spent,
-        spent_below=spent_below,
+        meter=meter,
         spans=spans,
     )
 

@@ -87,6 +87,9 @@ from .requests import turn_request
 
 if TYPE_CHECKING:
     from a2a.server.cluster import VersionedTaskStore
+    from a2a.server.request_handlers import DefaultRequestHandlerV2
+
+    from .auth.quotas import Quotas
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -177,12 +180,9 @@ class RoleExecutor(AgentExecutor):
         journal: ToolJournal | None = None,
         sandbox: Sandbox | None = None,
         prices: PriceTable | None = None,
-        tokens_left: Callable[[ServerCallContext], Awaitable[int | None]] | None = None,
     ) -> None:
         """`prices` is the operator's price table (cost budgets need the
-        model's price); `tokens_left` says how many tokens a request's caller
-        may still use here today (None: no limit), which caps each turn.
-        `models` resolves a model name a caller picks (None: callers get
+        model's price). `models` resolves a model name a caller picks (None: callers get
         `model` only); callers may pick `default`, `mini`, the role's
         `models` and `model_names`. `max_memory` bounds the conversations
         held in memory (bytes). `journal` records each tool call's start
@@ -199,9 +199,10 @@ class RoleExecutor(AgentExecutor):
         self._models = models
         self.sandbox = sandbox
         self.prices = prices
-        self.tokens_left = tokens_left
-        """How many tokens a request's caller may still use today (the
-        server's quotas set it); None: no per-caller cap."""
+        self.tokens_left: Callable[[ServerCallContext], Awaitable[int | None]] | None = None
+        """How many tokens a request's caller may still use today, which
+        caps each turn (wired from the server's quotas, `served_by`); None:
+        no per-caller cap."""
         # Checked at start-up: a script in the operator's list is refused here.
         offered = offered_models(role, model_names)
         self.model_names: frozenset[str] = offered if models is not None else frozenset()
@@ -224,6 +225,23 @@ class RoleExecutor(AgentExecutor):
         self._unsaved: dict[str, anyio.Event] = {}
         """New task id -> set once the request handler has stored the task."""
         self._hears_saves = False
+
+    def served_by(
+        self,
+        handler: DefaultRequestHandlerV2,
+        store: TaskStore | VersionedTaskStore,
+        quotas: Quotas | None,
+    ) -> TaskStore | VersionedTaskStore:
+        """Wired to the request `handler` that drives it (by the handler's
+        constructor, `handler.py`): a context's earlier tasks are read
+        through the handler's `store`, and with `quotas` each turn of a
+        conversation kept to a budget is capped by what the caller's
+        tokens_per_day leaves (a budget never lifts a caller's limits here).
+        Returns the store the handler saves through (`saves_through`)."""
+        self.task_store = store
+        if quotas is not None:
+            self.tokens_left = quotas.tokens_left
+        return self.saves_through(store)
 
     def saves_through(
         self, store: TaskStore | VersionedTaskStore

@@ -53,7 +53,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a.helpers import get_message_text
 from a2a.server.context import ServerCallContext
@@ -80,6 +80,10 @@ from .executor import NEW_CONTEXT, RoleExecutor
 from .requests import REQUEST_KEY, TurnRequest
 from .streams import StreamSlots
 
+if TYPE_CHECKING:
+    from a2a.server.cluster import VersionedTaskStore
+    from a2a.server.tasks import TaskStore
+
 __all__ = ["RoleRequestHandler"]
 
 
@@ -89,15 +93,27 @@ class RoleRequestHandler(DefaultRequestHandler):
 
     def __init__(
         self,
+        agent_executor: Any,
+        task_store: TaskStore | VersionedTaskStore,
         *args: Any,
         quotas: Quotas | None = None,
         streams: StreamSlots | None = None,
         **kwargs: Any,
     ) -> None:
-        """a2a-sdk's arguments, the `quotas` that admit work (None: no
+        """a2a-sdk's arguments (`agent_executor`: an a2a-sdk executor, as
+        `app.ServedExecutor` describes), the `quotas` that admit work (None: no
         limits) and the `streams` open streams hold a slot of (None: a
-        `StreamSlots` with the default limits)."""
-        super().__init__(*args, **kwargs)
+        `StreamSlots` with the default limits).
+
+        The executor and its handler are wired here, once: an executor with
+        a `served_by(handler, task_store, quotas)` method is told of this
+        handler, the store it saves through and the quotas it admits work
+        by, and answers with the store the handler is to save through (one
+        that tells the executor of each save, `RoleExecutor.served_by`)."""
+        served_by = getattr(agent_executor, "served_by", None)
+        if served_by is not None:
+            task_store = served_by(self, task_store, quotas)
+        super().__init__(agent_executor, task_store, *args, **kwargs)
         self.quotas = quotas
         self.streams = streams if streams is not None else StreamSlots()
 
