@@ -61,6 +61,7 @@ from ..runtime.events import (
     MessageDelta,
     event_to_dict,
 )
+from ..runtime.factory import RoleRuntime
 from ..runtime.records import RecordKind, transcript_entries
 from ..storage.store import ChildRecord, Store
 from ..tools import Sandbox, Tool, Workspace
@@ -146,8 +147,9 @@ class Session:
             self.workspace,
             models=self.models,
             parent_model=parent_model,
-            sandbox=self.sandbox,
-            prices=self.prices,
+            runtime=RoleRuntime(
+                sandbox=self.sandbox, prices=self.prices, spans=tracing.CONVERSATION_SPANS
+            ),
             journal=store.journal,
             child_tools=self._child_tools,
             spent_below=self._spent_below,

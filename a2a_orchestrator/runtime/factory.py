@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
@@ -30,6 +31,7 @@ __all__ = [
     "CONTROL_ACTIONS",
     "CONTROL_TOOL_NAMES",
     "HOLD_LIMIT",
+    "RoleRuntime",
     "apply_child_config",
     "control",
     "role_conversation",
@@ -56,34 +58,45 @@ def apply_child_config(role: Role, overrides: Mapping[str, Any] | Overrides) -> 
     return overrides.apply(role)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RoleRuntime:
+    """The operator's side of every conversation one owner builds (a role
+    server, the in-process transport, a parent agent): given once to the
+    owner, passed to `role_conversation` as it is."""
+
+    sandbox: Sandbox | None = None
+    """Where `run_command` runs commands (None: `Sandbox.from_env()`)."""
+    prices: PriceTable | None = None
+    """The operator's price table (a cost budget needs its model's price)."""
+    spans: Spans = NO_SPANS
+    """The spans its conversations open (the tracer's, `observe/tracing.py`)."""
+
+
 def role_conversation(
     role: Role,
     model: Model,
     workspace: Workspace,
     *,
+    runtime: RoleRuntime = RoleRuntime(),
     extra_tools: Mapping[str, Tool] | None = None,
     messages: Sequence[ChatMessage] | None = None,
-    command_timeout: float | None = None,
     journal: Journal | None = None,
-    sandbox: Sandbox | None = None,
-    prices: PriceTable | None = None,
     spent: Spend | None = None,
     turn_spent: Spend | None = None,
     spent_below: Callable[[], Awaitable[Spend]] | None = None,
     reuse_tools: bool = True,
-    spans: Spans = NO_SPANS,
 ) -> Conversation:
     """A conversation with exactly the tools the role lists, within the role's budget.
 
-    `sandbox` is the operator's policy for `run_command` (default:
+    `runtime.sandbox` is the operator's policy for `run_command` (default:
     `Sandbox.from_env()`), with the network allowed too when the role file
     says `sandbox_network: true`, and never when the child's config turned it
     off (`Role.no_network`). Raises `ConfigError` when the role lists
     `run_command` and that sandbox cannot be had on this machine, or when it
-    has a cost budget and `prices` has no price for its model. `spent`,
+    has a cost budget and `runtime.prices` has no price for its model. `spent`,
     `turn_spent` and `spent_below` go to the `Conversation`. `reuse_tools`
     (`build_tools`' `reuse`): False for a workspace made for this
-    conversation alone. `spans`: the tracer's, from whoever builds it.
+    conversation alone.
     """
     extra = dict(extra_tools or {})
     unknown = [
@@ -102,6 +115,7 @@ def role_conversation(
         )
     policy = None
     if "run_command" in role.tools:
+        sandbox = runtime.sandbox
         policy = (sandbox if sandbox is not None else Sandbox.from_env()).allowing_network(
             role.sandbox_network
         )
@@ -110,11 +124,12 @@ def role_conversation(
     tools = build_tools(
         [name for name in role.tools if name in TOOL_NAMES],
         workspace,
-        command_timeout=command_timeout or min(role.timeout, 600.0),
+        command_timeout=min(role.timeout, 600.0),
         sandbox=policy,
         reuse=reuse_tools,
     )
     tools += [extra[name] for name in role.tools if name in extra]
+    prices = runtime.prices
     price = prices.price(model.name) if prices is not None else None
     meter = Meter(
         role.budget, price=price, spent=spent, turn=turn_spent, below=spent_below, model=model.name
@@ -131,7 +146,7 @@ def role_conversation(
         messages=messages,
         journal=journal,
         meter=meter,
-        spans=spans,
+        spans=runtime.spans,
     )
 
 

@@ -57,6 +57,7 @@ from starlette.routing import BaseRoute
 from .._version import __version__ as VERSION
 from ..errors import ConfigError
 from ..models.base import Model
+from ..observe import tracing
 from ..protocol.cards import CardOptions
 from ..protocol.guards import guard_routes
 from ..protocol.numbers import integral_routes
@@ -73,7 +74,7 @@ from ..protocol.wire import (
 )
 from ..runtime.budgets import PriceTable
 from ..runtime.events import new_uuid
-from ..runtime.factory import CONTROL_ACTIONS
+from ..runtime.factory import CONTROL_ACTIONS, RoleRuntime
 from ..runtime.overrides import offered_models
 from ..runtime.roles import Role
 from ..storage.journal import ToolJournal
@@ -664,6 +665,7 @@ async def run_role_server(
         access = Access(token=settings.token)
     grpc = bind_grpc(settings.host, settings.grpc_port, url, access, sock)
     prices = prices if prices is not None else PriceTable.from_env()
+    runtime = RoleRuntime(sandbox=sandbox, prices=prices, spans=tracing.CONVERSATION_SPANS)
     executor: RoleExecutor
     event_stream: TaskEventStream | None = None
     task_store: TaskStore | VersionedTaskStore
@@ -682,8 +684,7 @@ async def run_role_server(
             models=models,
             model_names=settings.model_names,
             max_memory=settings.max_memory,
-            sandbox=sandbox,
-            prices=prices,
+            runtime=runtime,
         )
     else:
         task_store = open_task_store(db)
@@ -696,8 +697,7 @@ async def run_role_server(
             journal=ToolJournal.open(journal_path(db, role.name, workdir)),
             model_names=settings.model_names,
             max_memory=settings.max_memory,
-            sandbox=sandbox,
-            prices=prices,
+            runtime=runtime,
         )
     card_options = settings.card_options or CardOptions()
     card = build_card(role, url, sandbox=sandbox, access=access, legacy=card_options.legacy)

@@ -72,17 +72,17 @@ from ..protocol.wire import (
     publish,
     started_message,
 )
-from ..runtime.budgets import Budget, PriceTable
+from ..runtime.budgets import Budget
 from ..runtime.conversation import Conversation
 from ..runtime.events import ChildEvent, Failed, InputRequired, Started
-from ..runtime.factory import HOLD_LIMIT, control, role_conversation, spent_in
+from ..runtime.factory import HOLD_LIMIT, RoleRuntime, control, role_conversation, spent_in
 from ..runtime.overrides import Overrides, check_wire_overrides, offered_models
 from ..runtime.roles import Role
 from ..runtime.selectors import Selector
 from ..runtime.transcript import rebuild_transcript
 from ..storage.journal import JournalRow, ToolJournal, lost_announcements, unanswered
 from ..storage.taskstore import ObservedTaskStore, context_tasks
-from ..tools import Sandbox, Workspace
+from ..tools import Workspace
 from .requests import turn_request
 
 if TYPE_CHECKING:
@@ -178,16 +178,17 @@ class RoleExecutor(AgentExecutor):
         model_names: Collection[str] = (),
         max_memory: int = DEFAULT_MAX_MEMORY,
         journal: ToolJournal | None = None,
-        sandbox: Sandbox | None = None,
-        prices: PriceTable | None = None,
+        runtime: RoleRuntime | None = None,
     ) -> None:
-        """`prices` is the operator's price table (cost budgets need the
-        model's price). `models` resolves a model name a caller picks (None: callers get
-        `model` only); callers may pick `default`, `mini`, the role's
-        `models` and `model_names`. `max_memory` bounds the conversations
-        held in memory (bytes). `journal` records each tool call's start
-        before it runs (scope: the A2A context id), so a crash never makes a
-        call run twice."""
+        """`runtime`: where `run_command` runs commands, the operator's
+        price table (cost budgets need the model's price) and the spans its
+        conversations open (`factory.RoleRuntime`; default: no sandbox
+        given, no prices, the tracer's spans). `models` resolves a model
+        name a caller picks (None: callers get `model` only); callers may
+        pick `default`, `mini`, the role's `models` and `model_names`.
+        `max_memory` bounds the conversations held in memory (bytes).
+        `journal` records each tool call's start before it runs (scope: the
+        A2A context id), so a crash never makes a call run twice."""
         if max_memory <= 0:
             raise ConfigError("max_memory must be a positive number of bytes")
         self.role = role
@@ -197,8 +198,7 @@ class RoleExecutor(AgentExecutor):
         self.task_store = task_store
         self.max_memory = max_memory
         self._models = models
-        self.sandbox = sandbox
-        self.prices = prices
+        self.runtime = runtime or RoleRuntime(spans=tracing.CONVERSATION_SPANS)
         self.tokens_left: Callable[[ServerCallContext], Awaitable[int | None]] | None = None
         """How many tokens a request's caller may still use today, which
         caps each turn (wired from the server's quotas, `served_by`); None:
@@ -209,7 +209,7 @@ class RoleExecutor(AgentExecutor):
         """The model names a caller may choose (empty: none, the server's model only)."""
         # Fail at start-up, not at the first request, on a bad tool list or
         # a sandbox this machine cannot provide.
-        role_conversation(role, model, workspace, sandbox=sandbox, prices=prices)
+        role_conversation(role, model, workspace, runtime=self.runtime)
         self._conversations: dict[str, Conversation] = {}
         self._sizes: dict[str, int] = {}
         """Context id -> `conversation_size` measured when its last turn ended."""
@@ -293,7 +293,8 @@ class RoleExecutor(AgentExecutor):
             model = self.model
             if overrides.model is not None and self._models is not None:
                 model = self._models(overrides.model)
-            if self.prices is None or self.prices.price(model.name) is None:
+            prices = self.runtime.prices
+            if prices is None or prices.price(model.name) is None:
                 raise ConfigError(
                     "child config field 'budget.cost': this server has no price for its "
                     f"model {model.name!r}, so it cannot keep a cost budget"
@@ -546,11 +547,9 @@ class RoleExecutor(AgentExecutor):
             model,
             self.workspace,
             messages=messages,
+            runtime=self.runtime,
             journal=journal.scoped(task.context_id) if journal else None,
-            sandbox=self.sandbox,
-            prices=self.prices,
             spent=spent,
-            spans=tracing.CONVERSATION_SPANS,
         )
 
     async def _earlier_tasks(

@@ -18,10 +18,16 @@ from pathlib import Path, PurePosixPath
 from ...errors import ConfigError, OrchestratorError
 from ...models.base import ChatMessage, Model
 from ...observe import tracing
-from ...runtime.budgets import Budget, PriceTable, Spend
+from ...runtime.budgets import Budget, Spend
 from ...runtime.conversation import Conversation
 from ...runtime.events import ChildEvent
-from ...runtime.factory import apply_child_config, control, role_conversation, spent_in
+from ...runtime.factory import (
+    RoleRuntime,
+    apply_child_config,
+    control,
+    role_conversation,
+    spent_in,
+)
 from ...runtime.render import CANCELED_TEXT
 from ...runtime.roles import find_role
 from ...runtime.selectors import Selector
@@ -182,15 +188,15 @@ class LocalDelegate:
         parent_model: str | None = None,
         extra_tools: Mapping[str, Tool] | None = None,
         cwd: Path | None = None,
-        sandbox: Sandbox | None = None,
-        prices: PriceTable | None = None,
+        runtime: RoleRuntime | None = None,
         journal: ToolJournal | None = None,
         child_tools: ChildTools | None = None,
         spent_below: Callable[[str], Awaitable[Spend]] | None = None,
         on_conversation: Callable[[str, Conversation], None] | None = None,
     ) -> None:
-        """`sandbox`: where the children's commands run (default:
-        `Sandbox.from_env()`); `prices`: the operator's price table.
+        """`runtime`: where the children's commands run, the operator's
+        price table and the spans they open (`factory.RoleRuntime`; default:
+        no sandbox given, no prices, the tracer's spans).
         `journal` records the children's tool calls' starts, so each runs at
         most once across crashes; `child_tools` gives a child tools of its
         own (its control tools, when the nesting depth allows it a control
@@ -199,8 +205,7 @@ class LocalDelegate:
         conversation once made (a child that is a parent gets its children's
         results there)."""
         self.workspace = workspace
-        self.sandbox = sandbox
-        self.prices = prices
+        self.runtime = runtime or RoleRuntime(spans=tracing.CONVERSATION_SPANS)
         self.models = models
         self.parent_model = parent_model
         self.extra_tools = dict(extra_tools or {})
@@ -229,28 +234,28 @@ class LocalDelegate:
             role.prompt, entries, shared_context=config.shared_context, interrupted=interrupted
         )
         tools = {**self.extra_tools, **(extra_tools or {})}
-        workspace, sandbox = self.workspace, self.sandbox
+        workspace, runtime = self.workspace, self.runtime
         if config.workdir is not None:
             workspace = narrow_workspace(self.workspace, config.workdir)
             # The session's own state stays hidden from a child working below it.
-            base = sandbox if sandbox is not None else Sandbox.from_env()
-            sandbox = base.hiding(self.workspace.root / STATE_DIR)
+            base = runtime.sandbox if runtime.sandbox is not None else Sandbox.from_env()
+            runtime = dataclasses.replace(
+                runtime, sandbox=base.hiding(self.workspace.root / STATE_DIR)
+            )
         spent, turn_spent = spent_in(entries)
         return role_conversation(
             role,
             model,
             workspace,
+            runtime=runtime,
             extra_tools=tools,
             messages=messages,
-            sandbox=sandbox,
             # A narrowed workspace is this child's own: its tools are not kept.
             reuse_tools=config.workdir is None,
             journal=journal,
-            prices=self.prices,
             spent=spent,
             turn_spent=turn_spent,
             spent_below=spent_below,
-            spans=tracing.CONVERSATION_SPANS,
         )
 
     async def open(
