@@ -54,9 +54,9 @@ from ..models.base import ChatMessage
 from ..observe.tracing import ChildSpans
 from ..runtime.budgets import Budget
 from ..runtime.events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
+from ..runtime.pausing import selecting_rule
 from ..runtime.records import RecordKind
 from ..runtime.render import CANCELED_TEXT, INTERRUPTED_TEXT, NO_TERMINAL_TEXT
-from ..runtime.selectors import selecting_rule
 from .outbox import Outbox
 
 if TYPE_CHECKING:

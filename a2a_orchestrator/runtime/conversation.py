@@ -83,7 +83,7 @@ from .events import (
 )
 from .instruments import observed_emit, observed_stream
 from .journal import Journal
-from .selectors import Selector, selecting_rule
+from .pausing import HOLD_LIMIT, Rule, selecting_rule
 from .spans import NO_SPANS, Spans
 
 __all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "HOLD_LIMIT", "Conversation", "Emit"]
@@ -107,10 +107,6 @@ ASK_PARENT_SPEC = ToolSpec(
 )
 
 DEFAULT_MAX_TURNS = 10
-HOLD_LIMIT = 30.0
-"""Seconds a conversation held by a pause rule waits for its caller to
-confirm (pause) or release (resume) before it goes on by itself: a caller
-that crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 DELTA_INTERVAL = 0.05
 DEFAULT_TIMEOUT = 60.0
 
@@ -169,7 +165,7 @@ class Conversation:
         self._resumed = anyio.Event()
         self._resumed.set()
         self._hold: tuple[str, float] | None = None
-        self._pause_rules: dict[str, Selector] = {}
+        self._pause_rules: dict[str, Rule] = {}
         self._held_at: ChildEvent | None = None
         """The event a pause rule held the conversation at (`holds_at`)."""
         self._steering: list[str] = []
@@ -263,7 +259,7 @@ class Conversation:
         self._hold = None
         self._resumed.set()
 
-    def pause_on(self, rules: Mapping[str, Selector]) -> None:
+    def pause_on(self, rules: Mapping[str, Rule]) -> None:
         """Replace the pause rules: the moment a turn emits an event a rule
         selects, before the event is handed on, the conversation is held
         (`hold`, for `HOLD_LIMIT` seconds), so it takes no step after the

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 from ..errors import ControlError
 from .events import (
-    TERMINAL_KINDS,
     AssistantMessage,
     ChildEvent,
     Done,
@@ -26,15 +25,7 @@ from .events import (
 )
 from .templates import render_inject
 
-__all__ = [
-    "EVENT_KINDS",
-    "Child",
-    "Selector",
-    "event_content",
-    "event_context",
-    "render_inject",
-    "selecting_rule",
-]
+__all__ = ["EVENT_KINDS", "Child", "Selector", "event_content", "event_context", "render_inject"]
 
 
 class Child(Protocol):
@@ -133,11 +124,3 @@ class Selector:
         if self.contains is not None:
             return self.contains in event_content(event)
         return True
-
-
-def selecting_rule(rules: Mapping[str, Selector], event: ChildEvent) -> str | None:
-    """The id of the first pause rule that selects `event`, where a child
-    would be held; None for a turn's last event (no next step to hold)."""
-    if event.kind in TERMINAL_KINDS:
-        return None
-    return next((rule_id for rule_id, rule in rules.items() if rule.selects(event)), None)

@@ -39,8 +39,9 @@ from ...runtime.events import (
     InputRequired,
     Started,
 )
+from ...runtime.pausing import selecting_rule
 from ...runtime.render import CANCELED_TEXT, INTERRUPTED_TEXT
-from ...runtime.selectors import Selector, selecting_rule
+from ...runtime.selectors import Selector
 from ..base import (
     ChildConfig,
     Emit,
