@@ -86,7 +86,7 @@ from .journal import Journal
 from .pausing import HOLD_LIMIT, Rule, selecting_rule
 from .spans import NO_SPANS, Spans
 
-__all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "HOLD_LIMIT", "Conversation", "Emit"]
+__all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "Conversation", "Emit"]
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,11 @@ from ..models.base import ChatMessage, Model
 from ..models.config import limit_model
 from ..tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
 from .budgets import Meter, PriceTable, Spend
-from .conversation import ASK_PARENT, HOLD_LIMIT, Conversation
+from .conversation import ASK_PARENT, Conversation
 from .events import ChildEvent, Done, Failed, InputRequired
 from .journal import Journal
 from .overrides import Overrides, parse_overrides
+from .pausing import HOLD_LIMIT
 from .render import INTERRUPTED_TEXT
 from .roles import Role
 from .spans import NO_SPANS, Spans
