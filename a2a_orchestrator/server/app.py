@@ -124,8 +124,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 REST_PREFIX = "/rest"
-DEFAULT_APP = AppSettings()
 BEARER_SCHEME = "bearer"
+
+DEFAULT_APP = AppSettings()
+"""`build_app`'s settings when it is given none: every default."""
 
 FRAME_WRITE_DELAY = 0.05
 """Seconds a task's frames that change neither its state nor its artifacts
