@@ -92,6 +92,7 @@ from ..server.app import (
 )
 from ..server.auth.access import Access
 from ..server.auth.usage import UsageLog, usage_path
+from ..server.requests import turn_request
 from ..server.serving import bind_socket
 from ..server.settings import settings_from
 from ..server.streams import StreamLimits, StreamSlots
@@ -456,7 +457,8 @@ class OrchestratorExecutor(AgentExecutor):
                 )
             )
         text = get_message_text(context.message) if context.message else ""
-        metadata = metadata_of(context.message)
+        # As the request handler parsed it (`server/requests.py`), once.
+        metadata = turn_request(context.call_context).metadata
         # A follow-up on a task runs as the task does unless it says otherwise:
         # a stock client's answer to a parent agent's question (delegate mode)
         # carries no metadata of ours.
