@@ -37,6 +37,7 @@ operator's opt-out) so the journal's own clean-up is what is measured.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -59,6 +60,7 @@ from a2a.types import GetTaskRequest, TaskState
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.remote import RemoteDelegate
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.runtime.events import Done, Failed
 from a2a_orchestrator.storage.store import Store
@@ -292,7 +294,12 @@ async def role_server_trial(work: Path, delay: float, no_sandbox: bool) -> Count
     at_kill = (0, 0)
     try:
         with anyio.move_on_after(40):
-            async with Session(store, workdir=work, network=network, lost_after=20) as session:
+            async with Session(
+                store,
+                workdir=work,
+                network=network,
+                remote=functools.partial(RemoteDelegate, lost_after=20),
+            ) as session:
                 handle = await session.spawn(ChildConfig(role="remote", prompt="run"))
                 await anyio.sleep(delay)
                 process.send_signal(signal.SIGKILL)

@@ -8,6 +8,7 @@ be killed with SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.delegation.transports.push_receiver import PushReceiver
+from a2a_orchestrator.delegation.transports.remote import RemoteDelegate
 from a2a_orchestrator.server.serving import bind_socket, serve
 from a2a_orchestrator.storage.store import Store
 
@@ -37,7 +39,7 @@ async def main(store_path: str, session_id: str, workdir: str, remote_url: str) 
             workdir=Path(workdir),
             network=network(remote_url),
             session_id=session_id,
-            push=receiver,
+            remote=functools.partial(RemoteDelegate, push=receiver),
         ) as session:
             await session.spawn(ChildConfig(role="pusher", prompt="remote slow"), child_id="p1")
             print("READY", flush=True)

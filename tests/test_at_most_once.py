@@ -3,6 +3,7 @@ and a crash never makes it run twice (real processes, SIGKILL, real SQLite)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from test_recovery import start_role_server
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.remote import RemoteDelegate
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.runtime.conversation import Conversation
 from a2a_orchestrator.runtime.events import (
@@ -247,7 +249,12 @@ async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) 
     remote = Network.of(AgentSpec(name="remote", role="coder", url=url))
     try:
         with anyio.fail_after(45):
-            async with Session(store, workdir=tmp_path, network=remote, lost_after=20) as session:
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=remote,
+                remote=functools.partial(RemoteDelegate, lost_after=20),
+            ) as session:
                 handle = await session.spawn(ChildConfig(role="remote", prompt="run it"))
                 await _wait_for_text(runs, "start")
                 process.send_signal(signal.SIGKILL)
@@ -298,7 +305,12 @@ async def test_a_role_server_killed_after_a_call_closed_but_before_its_result_wa
     remote = Network.of(AgentSpec(name="remote", role="coder", url=url))
     try:
         with anyio.fail_after(45):
-            async with Session(store, workdir=tmp_path, network=remote, lost_after=20) as session:
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=remote,
+                remote=functools.partial(RemoteDelegate, lost_after=20),
+            ) as session:
                 handle = await session.spawn(ChildConfig(role="remote", prompt="run it"))
                 await anyio.to_thread.run_sync(process.wait)
                 assert process.returncode == -signal.SIGKILL

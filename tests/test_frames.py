@@ -11,6 +11,7 @@ transport; only the model is scripted.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,7 @@ from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.delegation.transports.extensions import wanted_extensions
+from a2a_orchestrator.delegation.transports.remote import RemoteDelegate
 from a2a_orchestrator.models import ScriptedModel, Usage
 from a2a_orchestrator.protocol import decoding
 from a2a_orchestrator.protocol.decoding import (
@@ -500,7 +502,12 @@ async def test_a_role_server_killed_mid_turn_still_tells_what_was_interrupted(
     network = Network.of(AgentSpec(name="remote", role="coder", url=url))
     try:
         with anyio.fail_after(60):
-            async with Session(store, workdir=tmp_path, network=network, lost_after=20) as session:
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=network,
+                remote=functools.partial(RemoteDelegate, lost_after=20),
+            ) as session:
                 handle = await session.spawn(ChildConfig(role="remote", prompt="run them"))
                 await _wait_for_text(tmp_path / "runs.txt", "start")
                 while sum(isinstance(e, ToolResult) for e in handle.log) < 20:

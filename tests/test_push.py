@@ -4,6 +4,7 @@ only the models are scripted."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from test_server import user_message
 from a2a_orchestrator.delegation.network import AgentSpec, Network, load_agent_file
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.delegation.transports.push_receiver import PushReceiver
+from a2a_orchestrator.delegation.transports.remote import RemoteDelegate
 from a2a_orchestrator.errors import ConfigError
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
@@ -840,7 +842,7 @@ async def test_kill_9_the_orchestrator_then_recovery_completes_the_push_child_on
                         AgentSpec(name="pusher", role="coder", url=server.url, push=True)
                     ),
                     session_id="s1",
-                    push=receiver,
+                    remote=functools.partial(RemoteDelegate, push=receiver),
                 ) as session,
             ):
                 recovered = await session.recover()

@@ -36,7 +36,7 @@ from a2a_orchestrator.control.reactions import load_reactions
 from a2a_orchestrator.delegation.hooks import CompleteInfo, Deny, SpawnInfo, load_hook_file
 from a2a_orchestrator.delegation.network import load_agent_file
 from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.runtime.factory import role_conversation
+from a2a_orchestrator.runtime.factory import RoleRuntime, role_conversation
 from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.tools import Sandbox, Workspace
 
@@ -391,7 +391,10 @@ def test_the_role_example_loads_and_gets_its_tools(tmp_path: Path) -> None:
     # A conversation is what checks the tools a role lists; it is built here
     # with a scripted model (nothing is called).
     conversation = role_conversation(
-        role, ScriptedModel([{"text": "ok"}]), Workspace(tmp_path), sandbox=Sandbox.from_env()
+        role,
+        ScriptedModel([{"text": "ok"}]),
+        Workspace(tmp_path),
+        runtime=RoleRuntime(sandbox=Sandbox.from_env()),
     )
     assert conversation is not None
 
@@ -421,7 +424,10 @@ def test_the_first_hour_role_loads_from_a2a_roles(tmp_path: Path) -> None:
     assert (role.name, role.model, role.max_turns) == ("tdd", "default", 20)
     assert "run_command" in role.tools and "ask_parent" not in role.tools
     conversation = role_conversation(
-        role, ScriptedModel([{"text": "ok"}]), Workspace(tmp_path), sandbox=Sandbox.from_env()
+        role,
+        ScriptedModel([{"text": "ok"}]),
+        Workspace(tmp_path),
+        runtime=RoleRuntime(sandbox=Sandbox.from_env()),
     )
     assert conversation is not None
 

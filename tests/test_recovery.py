@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from crash_parent import local_script, network
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
+from a2a_orchestrator.delegation.transports.remote import RemoteDelegate
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.runtime.events import Done, Failed
 from a2a_orchestrator.storage.store import Store
@@ -182,7 +184,12 @@ async def test_kill_9_a_role_server_ends_the_child_lost(tmp_path: Path) -> None:
         store = Store(tmp_path / "o.db")
         network = Network.of(AgentSpec(name="remote", role="coder", url=url))
         with anyio.fail_after(30):
-            async with Session(store, workdir=tmp_path, network=network, lost_after=1.0) as session:
+            async with Session(
+                store,
+                workdir=tmp_path,
+                network=network,
+                remote=functools.partial(RemoteDelegate, lost_after=1.0),
+            ) as session:
                 await _spawn_remote(session)
                 process.send_signal(signal.SIGKILL)
                 started = anyio.current_time()
@@ -208,7 +215,10 @@ async def test_a_role_server_that_comes_back_is_reattached(tmp_path: Path) -> No
         network = Network.of(AgentSpec(name="remote", role="coder", url=url))
         with anyio.fail_after(40):
             async with Session(
-                store, workdir=tmp_path, network=network, lost_after=20.0
+                store,
+                workdir=tmp_path,
+                network=network,
+                remote=functools.partial(RemoteDelegate, lost_after=20.0),
             ) as session:
                 await _spawn_remote(session)
                 process.send_signal(signal.SIGKILL)

@@ -34,7 +34,7 @@ from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, ToolError
 from a2a_orchestrator.models import ScriptedModel
 from a2a_orchestrator.runtime.events import ChildEvent, ToolResult
-from a2a_orchestrator.runtime.factory import role_conversation
+from a2a_orchestrator.runtime.factory import RoleRuntime, role_conversation
 from a2a_orchestrator.runtime.roles import find_role, load_role_file
 from a2a_orchestrator.server.app import run_role_server
 from a2a_orchestrator.storage.store import Store
@@ -232,7 +232,7 @@ async def test_network_when_the_role_file_allows_it(
         {"text": "fetched"},
     ]
     conversation = role_conversation(
-        role, ScriptedModel(script), Workspace(work), sandbox=Sandbox()
+        role, ScriptedModel(script), Workspace(work), runtime=RoleRuntime(sandbox=Sandbox())
     )
     results: list[ChildEvent] = []
 

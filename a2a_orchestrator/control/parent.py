@@ -20,9 +20,10 @@ import anyio
 from ..delegation.hooks import Hooks
 from ..delegation.session import Session
 from ..models.base import ChatMessage, Model
+from ..observe import tracing
 from ..runtime.conversation import Conversation, Emit
 from ..runtime.events import ChildEvent, MessageDelta, event_to_dict
-from ..runtime.factory import role_conversation
+from ..runtime.factory import RoleRuntime, role_conversation
 from ..runtime.records import RecordKind, transcript_entries
 from ..runtime.roles import Role, find_role
 from ..runtime.transcript import rebuild_transcript
@@ -84,7 +85,7 @@ class ParentAgent:
             messages=messages,
             # The operator's sandbox (--no-sandbox, --allow-network, the
             # store hidden) for a parent role that lists run_command too.
-            sandbox=session.sandbox,
+            runtime=RoleRuntime(sandbox=session.sandbox, spans=tracing.CONVERSATION_SPANS),
         )
         self.plane.inbox = self.conversation
         self.emit: Emit | None = None

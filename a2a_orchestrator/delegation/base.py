@@ -54,6 +54,7 @@ from ..models.base import ChatMessage
 from ..observe.tracing import ChildSpans
 from ..runtime.budgets import Budget
 from ..runtime.events import TERMINAL_KINDS, ChildEvent, Done, Failed, InputRequired
+from ..runtime.pausing import selecting_rule
 from ..runtime.records import RecordKind
 from ..runtime.render import CANCELED_TEXT, INTERRUPTED_TEXT, NO_TERMINAL_TEXT
 from .outbox import Outbox
@@ -643,9 +644,7 @@ class ChildHandle:
     def _held_by_rule(self, event: ChildEvent) -> bool:
         """The run may hold itself at `event` (a rule selects it; a turn's
         last event has no next step to hold)."""
-        if not self._rules_armed or event.kind in TERMINAL_KINDS:
-            return False
-        return any(selector.selects(event) for selector in self._pause_rules.values())
+        return self._rules_armed and selecting_rule(self._pause_rules, event) is not None
 
     async def interrupt(self) -> bool:
         """Stop the running turn, keep the conversation; False when no turn ran."""

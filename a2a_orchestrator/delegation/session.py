@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -61,6 +61,7 @@ from ..runtime.events import (
     MessageDelta,
     event_to_dict,
 )
+from ..runtime.factory import RoleRuntime
 from ..runtime.records import RecordKind, transcript_entries
 from ..storage.store import ChildRecord, Store
 from ..tools import Sandbox, Tool, Workspace
@@ -83,9 +84,6 @@ from .runner import Runner
 from .transports import LocalDelegate, RemoteDelegate
 from .transports.local import check_sandbox
 from .watchers import Watchers
-
-if TYPE_CHECKING:
-    from .transports.push_receiver import PushReceiver
 
 __all__ = ["RelayedEvent", "Session", "keep_out_of_git"]
 
@@ -111,18 +109,18 @@ class Session:
         session_id: str | None = None,
         parent_model: str | None = None,
         title: str = "",
-        remote: RemoteDelegate | None = None,
+        remote: RemoteDelegate | Callable[[], RemoteDelegate] = RemoteDelegate,
         delegates: Mapping[str, Delegate] | None = None,
-        lost_after: float = 30.0,
-        idle_probe: float = 15.0,
         sandbox: Sandbox | None = None,
         policy: SpawnPolicy | Policy | None = None,
         prices: PriceTable | None = None,
-        push: PushReceiver | None = None,
     ) -> None:
-        """`lost_after`, `idle_probe` and `push` (the webhook endpoint of
-        agents in push mode, `transports/push_receiver.py`) configure the session's own
-        `RemoteDelegate` (see there); a given `remote` keeps its own.
+        """The session is given its transports, as an httpx client is given
+        its transport, configured by whoever makes them: `remote`, the A2A
+        one, is a `RemoteDelegate(lost_after=..., idle_probe=..., push=...)`
+        its owner keeps (and closes), or a function that makes one for this
+        session alone, called when the session opens and closed with it
+        (default: `RemoteDelegate`, its defaults).
         `delegates`: transports by the agent transport they serve (`local`:
         agents without a URL, `remote`: agents with one), in place of the
         session's own; `{"local": MemoryDelegate(handler)}` plays every
@@ -149,21 +147,24 @@ class Session:
             self.workspace,
             models=self.models,
             parent_model=parent_model,
-            sandbox=self.sandbox,
-            prices=self.prices,
+            runtime=RoleRuntime(
+                sandbox=self.sandbox, prices=self.prices, spans=tracing.CONVERSATION_SPANS
+            ),
             journal=store.journal,
             child_tools=self._child_tools,
             spent_below=self._spent_below,
             on_conversation=self._bind_nested,
         )
-        self._remote = remote
+        self._remote: RemoteDelegate | None = None
+        self._make_remote: Callable[[], RemoteDelegate] | None = None
+        if isinstance(remote, RemoteDelegate):
+            self._remote = remote  # its owner's: kept open after the session
+        else:
+            self._make_remote = remote
         self._delegates: dict[str, Delegate] = {"local": self.local}
-        if remote is not None:
-            self._delegates["remote"] = remote
+        if self._remote is not None:
+            self._delegates["remote"] = self._remote
         self._delegates.update(delegates or {})
-        self._lost_after = lost_after
-        self._idle_probe = idle_probe
-        self._push = push
         self._children: dict[str, ChildHandle] = {}
         self._watchers = Watchers()
         self._settle_listeners: list[Callable[[ChildHandle], None]] = []
@@ -197,14 +198,8 @@ class Session:
         if self.store.path is not None and self.store.path.parent.name == ".a2a":
             await anyio.to_thread.run_sync(keep_out_of_git, self.store.path.parent)
         await self.store.create_session(self.id, title=self.title)
-        if "remote" not in self._delegates:
-            self._remote = await self._stack.enter_async_context(
-                _closing(
-                    RemoteDelegate(
-                        lost_after=self._lost_after, idle_probe=self._idle_probe, push=self._push
-                    )
-                )
-            )
+        if "remote" not in self._delegates and self._make_remote is not None:
+            self._remote = await self._stack.enter_async_context(self._make_remote())
             self._delegates["remote"] = self._remote
         await self._runner.register()
         # Current from here to the close: the owner's spans and the children's are under it.
@@ -694,11 +689,3 @@ def _changes(event: ChildEvent) -> dict[str, Any]:
     if isinstance(event, InputRequired):
         return {"status": "input_required", "result": event.question}
     return {}
-
-
-@contextlib.asynccontextmanager
-async def _closing(delegate: RemoteDelegate) -> AsyncIterator[RemoteDelegate]:
-    try:
-        yield delegate
-    finally:
-        await delegate.aclose()

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 __all__ = [
+    "CONVERSATION_SPANS",
     "ChildSpans",
     "Traced",
     "carrier_of",
@@ -501,3 +502,20 @@ def tool_call(tool: str) -> Iterator[Traced]:
     attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool}
     with _get_tracer().start_as_current_span(f"execute_tool {tool}", attributes=attributes) as span:
         yield Traced(span)
+
+
+class _ConversationSpans:
+    """The `runtime.spans.Spans` a conversation is given: `model_call` and
+    `tool_call` above."""
+
+    def model_call(
+        self, model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AsyncIterator[ModelItem]:
+        return model_call(model, messages, tools)
+
+    def tool_call(self, tool: str) -> contextlib.AbstractContextManager[Traced]:
+        return tool_call(tool)
+
+
+CONVERSATION_SPANS = _ConversationSpans()
+"""The spans every conversation this package builds opens (given by its builder)."""

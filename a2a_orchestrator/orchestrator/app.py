@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -72,6 +73,7 @@ from ..delegation.questions import Question
 from ..delegation.session import RelayedEvent, Session
 from ..delegation.transports.local import check_sandbox
 from ..delegation.transports.push_receiver import PUSH_PREFIX, PushReceiver
+from ..delegation.transports.remote import RemoteDelegate
 from ..models.base import Model, Usage
 from ..observe import tracing
 from ..protocol.cards import CardOptions
@@ -90,22 +92,27 @@ from ..server.app import (
 )
 from ..server.auth.access import Access
 from ..server.auth.usage import UsageLog, usage_path
-from ..server.middleware import DEFAULT_BODY_TIMEOUT
-from ..server.push import PushPolicy
+from ..server.requests import turn_request
 from ..server.serving import bind_socket
+from ..server.settings import settings_from
 from ..server.streams import StreamLimits, StreamSlots
-from ..storage.session_leases import LEASE_SECONDS, Leases, SessionOwnedElsewhere
+from ..storage.session_leases import Leases, SessionOwnedElsewhere
 from ..storage.store import Store
 from ..storage.store_pg import PgStore
 from ..storage.stores import open_store
 from ..tools import Sandbox
 from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .api import OWNER_KEY, api_routes
+from .settings import OrchestratorSettings
 from .ui import ui_routes
 from .ui_auth import BrowserLogin
 
 if TYPE_CHECKING:
+    from a2a.server.cluster import VersionedTaskStore
+    from a2a.server.tasks import TaskStore
+
     from ..observe.metrics import Metrics
+    from ..server.auth.quotas import Quotas
 
 __all__ = ["MODE_KEY", "OrchestratorExecutor", "build_orchestrator_card", "run_orchestrator_server"]
 
@@ -352,16 +359,16 @@ class OrchestratorExecutor(AgentExecutor):
         hooks: Hooks | None = None,
         reactions: Sequence[Reaction] = (),
         max_concurrent: int = 4,
-        lost_after: float = 30.0,
         sandbox: Sandbox | None = None,
         policy: SpawnPolicy | None = None,
-        push: PushReceiver | None = None,
+        remote: Callable[[], RemoteDelegate] = RemoteDelegate,
         model_names: Collection[str] | None = None,
     ) -> None:
-        """`policy`: the spawn policy of every session's children; `push`:
-        where children of agents in push mode receive their updates;
-        `model_names`: what a parent or pipeline may choose for a child besides
-        `default`, `mini` and the role's `models` (None: `$A2A_MODELS`)."""
+        """`policy`: the spawn policy of every session's children; `remote`
+        makes each session's A2A transport (e.g. with the webhook endpoint
+        children of agents in push mode receive their updates at);
+        `model_names`: what a parent or pipeline may choose for a child
+        besides `default`, `mini` and the role's `models` (None: `$A2A_MODELS`)."""
         self.store = store
         self.model_names = model_names
         self.reactions = list(reactions)
@@ -374,9 +381,8 @@ class OrchestratorExecutor(AgentExecutor):
         self._unfollowed: dict[str, ChildEvent] = {}
         """Task id -> how its run ended while no request followed the task."""
         self.handler: RequestHandler | None = None
-        """The A2A request handler (`run_orchestrator_server` sets it from the
-        app): a web view's answer to the root parent's question goes to its
-        task through it."""
+        """The A2A request handler that drives it (`served_by`): a web view's
+        answer to the root parent's question goes to its task through it."""
         # The operator's price table (`A2A_PRICES`), read once at start like
         # the rest of the configuration: not again for each session opened.
         prices = PriceTable.from_env()
@@ -388,10 +394,9 @@ class OrchestratorExecutor(AgentExecutor):
                 models=models,
                 session_id=session_id,
                 parent_model=parent_model,
-                lost_after=lost_after,
+                remote=remote,
                 sandbox=sandbox,
                 policy=policy,
-                push=push,
                 prices=prices,
             ),
         )
@@ -416,6 +421,14 @@ class OrchestratorExecutor(AgentExecutor):
 
     def running(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.host.running()
+
+    def served_by(
+        self, handler: RequestHandler, store: TaskStore | VersionedTaskStore, quotas: Quotas | None
+    ) -> TaskStore | VersionedTaskStore:
+        """Wired to the request handler that drives it (by the handler's
+        constructor): its store is left as it is."""
+        self.handler = handler
+        return store
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
@@ -444,7 +457,8 @@ class OrchestratorExecutor(AgentExecutor):
                 )
             )
         text = get_message_text(context.message) if context.message else ""
-        metadata = metadata_of(context.message)
+        # As the request handler parsed it (`server/requests.py`), once.
+        metadata = turn_request(context.call_context).metadata
         # A follow-up on a task runs as the task does unless it says otherwise:
         # a stock client's answer to a parent agent's question (delegate mode)
         # carries no metadata of ours.
@@ -894,33 +908,25 @@ class OrchestratorExecutor(AgentExecutor):
 
 @contextlib.asynccontextmanager
 async def run_orchestrator_server(
+    settings: OrchestratorSettings | None = None,
     *,
     store_path: Path | str,
     workdir: Path,
     network: Network,
     models: Callable[[str], Model],
-    db: str,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
     access: Access | None = None,
-    public_url: str | None = None,
     hooks: Hooks | None = None,
     reactions: Sequence[Reaction] = (),
     sandbox: Sandbox | None = None,
     policy: SpawnPolicy | None = None,
-    card_options: CardOptions | None = None,
-    metrics: bool = True,
-    metrics_public: bool = False,
-    install_signal_handlers: bool = False,
-    grpc_port: int | None = None,
-    push_policy: PushPolicy | None = None,
-    stream_limits: StreamLimits | None = None,
-    lease_seconds: float = LEASE_SECONDS,
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    model_names: Collection[str] | None = None,
+    **options: Any,
 ) -> AsyncIterator[RunningServer]:
     """Serve the orchestrator (A2A + the HTTP control API) until the block exits.
+
+    `settings` (`settings.OrchestratorSettings`: its task store `db`, where
+    it listens, its limits) is validated once here and passed down;
+    `options` are its fields given as keywords (`db=..., port=...`), alone
+    or in place of the given object's. The rest are its collaborators.
 
     `sandbox` is where in-process agents run commands (default:
     `Sandbox.from_env()`). Raises `ConfigError` before binding when one of
@@ -949,6 +955,8 @@ async def run_orchestrator_server(
     a role server). `model_names`: the model names a parent may choose for a
     child besides `default`, `mini` and the role's `models` (None: `$A2A_MODELS`).
     """
+    settings = settings_from(OrchestratorSettings, settings, options)
+    db = settings.db
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
         sandbox = sandbox.hiding(*store_paths(db))
@@ -956,11 +964,11 @@ async def run_orchestrator_server(
     unsandboxed = not sandbox.enabled and any(not s.remote for s in network.agents.values())
     if unsandboxed:
         logger.warning("orchestrator: in-process agents: %s", sandbox.describe())
-    sock = bind_socket(host, port)
-    url = public_url_for(host, sock.getsockname()[1], public_url)
-    if access is None and token:
-        access = Access(token=token)
-    grpc = bind_grpc(host, grpc_port, url, access, sock)
+    sock = bind_socket(settings.host, settings.port)
+    url = public_url_for(settings.host, sock.getsockname()[1], settings.public_url)
+    if access is None and settings.token:
+        access = Access(token=settings.token)
+    grpc = bind_grpc(settings.host, settings.grpc_port, url, access, sock)
     store = open_store(store_path)
     receiver = PushReceiver(store, url)
     executor = OrchestratorExecutor(
@@ -972,19 +980,21 @@ async def run_orchestrator_server(
         reactions=reactions,
         sandbox=sandbox,
         policy=policy,
-        push=receiver,
-        model_names=model_names,
+        # Each session's own A2A transport, taking push-mode children's
+        # updates at this server's webhook endpoint.
+        remote=functools.partial(RemoteDelegate, push=receiver),
+        model_names=settings.model_names,
     )
-    card_options = card_options or CardOptions()
+    card_options = settings.card_options or CardOptions()
     card = build_orchestrator_card(
         url, unsandboxed=unsandboxed, access=access, legacy=card_options.legacy
     )
     if grpc is not None:
         grpc.list_in(card)
     if isinstance(store, PgStore):
-        leases = executor.use_leases(store, url=url, seconds=lease_seconds)
-        logger.info("orchestrator replica %s (leases of %ss)", leases.owner, lease_seconds)
-    limits = stream_limits or StreamLimits()
+        leases = executor.use_leases(store, url=url, seconds=settings.lease_seconds)
+        logger.info("orchestrator replica %s (leases of %ss)", leases.owner, settings.lease_seconds)
+    limits = settings.stream_limits or StreamLimits()
     streams = StreamSlots(limits)
     view = [
         *api_routes(store, lambda: executor.planes),
@@ -997,26 +1007,26 @@ async def run_orchestrator_server(
         open_task_store(db),
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
+        settings=settings,
         extra_routes=[*view, *receiver.routes()],
-        metrics=_server_metrics(executor) if metrics else None,
-        metrics_public=metrics_public,
+        metrics=_server_metrics(executor) if settings.metrics else None,
         # Agents post there with the child's own token, not a caller's,
         # checked before their body is read.
         own_credentials={PUSH_PREFIX: receiver.check},
-        push_policy=push_policy,
         streams=streams,
-        body_timeout=body_timeout,
     )
-    # The executor sends a web view's answer to the root parent's question
-    # through the handler that drives it, as the caller's message would go.
-    executor.handler = app.state.handler
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py), on the view's
     # own routes only.
     app.add_middleware(BrowserLogin, access=access, cookie_routes=view)
     try:
         async with run_server(
-            app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc
+            app,
+            sock,
+            url,
+            executor,
+            install_signal_handlers=settings.install_signal_handlers,
+            grpc=grpc,
         ) as server:
             yield server
     finally:

@@ -36,13 +36,14 @@ Contract kept here:
   step boundaries, never at step 0: steering first, then child results.
   Input queued between turns is taken when the next turn starts, so its
   first model call sees it. Child results are de-duplicated by their uuid.
-- Budgets (`budgets.py`): with a `budget`, the conversation is stopped at
-  the step where it would pass it, as `Failed(reason="budget")`: before a
-  model call once a kind is used up, right after a model call whose tokens
-  or cost passed it (its tool calls are not run), and at a deadline for
-  wall time. `spent` is the child's spend over its whole life (seeded when
-  it is rebuilt after a crash), `spent_below` what its own children spent;
-  a turn's `cap` (a role server's per-caller limit) counts this turn only.
+- Budgets (`budgets.py`): given a `Meter` with a budget, the conversation
+  is stopped at the step where it would pass it, as
+  `Failed(reason="budget")`: before a model call once a kind is used up,
+  right after a model call whose tokens or cost passed it (its tool calls
+  are not run), and at a deadline for wall time. The meter's `spent` is the
+  child's spend over its whole life (seeded when it is rebuilt after a
+  crash), its `below` what its own children spent; a turn's `cap` (a role
+  server's per-caller limit) counts this turn only.
   Every `Done` and `Failed` carries the turn's spend; the first event of
   each step carries that model call's.
 - `offer(text)` is steering for the running turn only, decided at once: True
@@ -58,16 +59,15 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 
 from ..errors import ModelError, ToolError
 from ..models.base import ChatMessage, Model, Restart, TextDelta, ToolCall, ToolSpec, Usage
-from ..observe import tracing
 from ..tools.base import CallScope, Tool, current_call
-from .budgets import Budget, Meter, Price, Spend
+from .budgets import Budget, Meter, Spend
 from .events import (
     AssistantMessage,
     ChildEvent,
@@ -83,6 +83,8 @@ from .events import (
 )
 from .instruments import observed_emit, observed_stream
 from .journal import Journal
+from .pausing import HOLD_LIMIT, Rule, selecting_rule
+from .spans import NO_SPANS, Spans
 
 __all__ = ["ASK_PARENT", "ASK_PARENT_SPEC", "Conversation", "Emit"]
 
@@ -124,16 +126,14 @@ class Conversation:
         role: str = "",
         messages: Sequence[ChatMessage] | None = None,
         journal: Journal | None = None,
-        budget: Budget | None = None,
-        price: Price | None = None,
-        spent: Spend | None = None,
-        turn_spent: Spend | None = None,
-        spent_below: Callable[[], Awaitable[Spend]] | None = None,
+        meter: Meter | None = None,
+        spans: Spans = NO_SPANS,
     ) -> None:
-        """`budget` caps the child's life and subtree; `price` makes its model
-        calls' cost (required for a cost budget); `spent` is what it spent
-        before (a rebuilt child), `turn_spent` what the turn a crash cut had
-        spent, `spent_below` reads what its own children spent."""
+        """`meter` keeps its spend against its budget (`budgets.Meter`: the
+        budget that caps the child's life and subtree, the price its model
+        calls cost, what it spent before a rebuild, what its own children
+        spent; None: no budget). `spans` opens the spans of its model and
+        tool calls (`spans.py`; whoever builds it gives the tracer's)."""
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if timeout <= 0:
@@ -141,6 +141,7 @@ class Conversation:
         self.model = model
         self.role = role
         self.journal = journal
+        self.spans = spans
         self.max_turns = max_turns
         self.timeout = timeout
         self._tools = {tool.name: tool for tool in tools}
@@ -153,9 +154,7 @@ class Conversation:
             self.messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.usage = Usage()
         self._turn_usage = Usage()
-        self.meter = Meter(
-            budget, price=price, spent=spent, turn=turn_spent, below=spent_below, model=model.name
-        )
+        self.meter = meter if meter is not None else Meter(model=model.name)
         """The child's spend against its budget."""
         self._budget_deadline = False
         self._paused_time = 0.0
@@ -166,6 +165,9 @@ class Conversation:
         self._resumed = anyio.Event()
         self._resumed.set()
         self._hold: tuple[str, float] | None = None
+        self._pause_rules: dict[str, Rule] = {}
+        self._held_at: ChildEvent | None = None
+        """The event a pause rule held the conversation at (`holds_at`)."""
         self._steering: list[str] = []
         # Whether the running turn still reads steering (`offer`): set when a
         # turn starts, cleared the moment its loop decides to end.
@@ -257,6 +259,33 @@ class Conversation:
         self._hold = None
         self._resumed.set()
 
+    def pause_on(self, rules: Mapping[str, Rule]) -> None:
+        """Replace the pause rules: the moment a turn emits an event a rule
+        selects, before the event is handed on, the conversation is held
+        (`hold`, for `HOLD_LIMIT` seconds), so it takes no step after the
+        match however long the event takes to reach whoever decides. A rule
+        dropped while it holds the conversation releases it."""
+        self._pause_rules = dict(rules)
+        held = self.held
+        if held is not None and held not in self._pause_rules:
+            self.resume()
+
+    def holds_at(self, event: ChildEvent) -> bool:
+        """Whether a pause rule holds the conversation at `event` now."""
+        return self._held_at is event and self.held is not None
+
+    def _holding(self, emit: Emit) -> Emit:
+        async def held(event: ChildEvent) -> None:
+            # A pause already taken is not weakened into a hold.
+            if self._pause_rules and not self.paused:
+                rule_id = selecting_rule(self._pause_rules, event)
+                if rule_id is not None:
+                    self.hold(rule_id, HOLD_LIMIT)
+                    self._held_at = event
+            await emit(event)
+
+        return held
+
     def steer(self, text: str) -> None:
         """Queue steering input (absorbed before child results); with no turn
         running it waits for the next turn's first step boundary."""
@@ -306,7 +335,7 @@ class Conversation:
         started_at = self._turn_started = anyio.current_time()
         self._paused_time = 0.0
         # A server's metrics, which label tool calls with the tools it really has.
-        emit = observed_emit(emit, self.role, self.model.name, self._tool_names)
+        emit = self._holding(observed_emit(emit, self.role, self.model.name, self._tool_names))
         try:
             # Input queued while no turn ran (an injection, a child's result)
             # is this turn's from its first model call, ahead of the turn's own
@@ -442,7 +471,7 @@ class Conversation:
             sent = False  # whether a delta of this attempt's text went out
             last_sent = anyio.current_time()
             call_usage = Usage()
-            stream = tracing.model_call(self.model, self.messages, self._specs)
+            stream = self.spans.model_call(self.model, self.messages, self._specs)
             async for item in observed_stream(stream, self.role, self.model.name):
                 if isinstance(item, TextDelta):
                     if item.text:
@@ -541,7 +570,7 @@ class Conversation:
                 return
         outcome = "interrupted"
         try:
-            with tracing.tool_call(call.name) as traced:
+            with self.spans.tool_call(call.name) as traced:
                 output, success = await self._call_tool(call, marker)
                 traced.succeeded(success)
             await self._record_result(call, output, success, emit)

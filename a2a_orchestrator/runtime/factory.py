@@ -11,34 +11,33 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
 from ..models.base import ChatMessage, Model
 from ..models.config import limit_model
 from ..tools import TOOL_NAMES, Sandbox, Tool, Workspace, build_tools
-from .budgets import PriceTable, Spend
+from .budgets import Meter, PriceTable, Spend
 from .conversation import ASK_PARENT, Conversation
 from .events import ChildEvent, Done, Failed, InputRequired
 from .journal import Journal
 from .overrides import Overrides, parse_overrides
+from .pausing import HOLD_LIMIT
 from .render import INTERRUPTED_TEXT
 from .roles import Role
+from .spans import NO_SPANS, Spans
 
 __all__ = [
     "CONTROL_ACTIONS",
     "CONTROL_TOOL_NAMES",
     "HOLD_LIMIT",
+    "RoleRuntime",
     "apply_child_config",
     "control",
     "role_conversation",
     "spent_in",
 ]
-
-HOLD_LIMIT = 30.0
-"""Seconds a task held by a pause rule waits for its caller to confirm
-(pause) or release (resume) before it goes on by itself: a caller that
-crashed, or whose rule was dropped meanwhile, cannot leave it held for good."""
 
 CONTROL_TOOL_NAMES = frozenset(
     {"agent", "agent_manage", "agent_abort", "spawn_agent", "wait_agent", "send_message"}
@@ -60,17 +59,29 @@ def apply_child_config(role: Role, overrides: Mapping[str, Any] | Overrides) -> 
     return overrides.apply(role)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RoleRuntime:
+    """The operator's side of every conversation one owner builds (a role
+    server, the in-process transport, a parent agent): given once to the
+    owner, passed to `role_conversation` as it is."""
+
+    sandbox: Sandbox | None = None
+    """Where `run_command` runs commands (None: `Sandbox.from_env()`)."""
+    prices: PriceTable | None = None
+    """The operator's price table (a cost budget needs its model's price)."""
+    spans: Spans = NO_SPANS
+    """The spans its conversations open (the tracer's, `observe/tracing.py`)."""
+
+
 def role_conversation(
     role: Role,
     model: Model,
     workspace: Workspace,
     *,
+    runtime: RoleRuntime = RoleRuntime(),
     extra_tools: Mapping[str, Tool] | None = None,
     messages: Sequence[ChatMessage] | None = None,
-    command_timeout: float | None = None,
     journal: Journal | None = None,
-    sandbox: Sandbox | None = None,
-    prices: PriceTable | None = None,
     spent: Spend | None = None,
     turn_spent: Spend | None = None,
     spent_below: Callable[[], Awaitable[Spend]] | None = None,
@@ -78,12 +89,12 @@ def role_conversation(
 ) -> Conversation:
     """A conversation with exactly the tools the role lists, within the role's budget.
 
-    `sandbox` is the operator's policy for `run_command` (default:
+    `runtime.sandbox` is the operator's policy for `run_command` (default:
     `Sandbox.from_env()`), with the network allowed too when the role file
     says `sandbox_network: true`, and never when the child's config turned it
     off (`Role.no_network`). Raises `ConfigError` when the role lists
     `run_command` and that sandbox cannot be had on this machine, or when it
-    has a cost budget and `prices` has no price for its model. `spent`,
+    has a cost budget and `runtime.prices` has no price for its model. `spent`,
     `turn_spent` and `spent_below` go to the `Conversation`. `reuse_tools`
     (`build_tools`' `reuse`): False for a workspace made for this
     conversation alone.
@@ -105,6 +116,7 @@ def role_conversation(
         )
     policy = None
     if "run_command" in role.tools:
+        sandbox = runtime.sandbox
         policy = (sandbox if sandbox is not None else Sandbox.from_env()).allowing_network(
             role.sandbox_network
         )
@@ -113,12 +125,16 @@ def role_conversation(
     tools = build_tools(
         [name for name in role.tools if name in TOOL_NAMES],
         workspace,
-        command_timeout=command_timeout or min(role.timeout, 600.0),
+        command_timeout=min(role.timeout, 600.0),
         sandbox=policy,
         reuse=reuse_tools,
     )
     tools += [extra[name] for name in role.tools if name in extra]
+    prices = runtime.prices
     price = prices.price(model.name) if prices is not None else None
+    meter = Meter(
+        role.budget, price=price, spent=spent, turn=turn_spent, below=spent_below, model=model.name
+    )
     return Conversation(
         # The role file's model_timeout / model_retries, where it sets them.
         model=limit_model(model, timeout=role.model_timeout, retries=role.model_retries),
@@ -130,11 +146,8 @@ def role_conversation(
         role=role.name,
         messages=messages,
         journal=journal,
-        budget=role.budget,
-        price=price,
-        spent=spent,
-        turn_spent=turn_spent,
-        spent_below=spent_below,
+        meter=meter,
+        spans=runtime.spans,
     )
 
 

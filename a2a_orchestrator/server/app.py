@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +57,7 @@ from starlette.routing import BaseRoute
 from .._version import __version__ as VERSION
 from ..errors import ConfigError
 from ..models.base import Model
+from ..observe import tracing
 from ..protocol.cards import CardOptions
 from ..protocol.guards import guard_routes
 from ..protocol.numbers import integral_routes
@@ -73,7 +74,7 @@ from ..protocol.wire import (
 )
 from ..runtime.budgets import PriceTable
 from ..runtime.events import new_uuid
-from ..runtime.factory import CONTROL_ACTIONS
+from ..runtime.factory import CONTROL_ACTIONS, RoleRuntime
 from ..runtime.overrides import offered_models
 from ..runtime.roles import Role
 from ..storage.journal import ToolJournal
@@ -84,25 +85,23 @@ from .auth.access import Access
 from .auth.callers import Limits
 from .auth.quotas import QuotaContextBuilder, Quotas, RefusalMiddleware
 from .auth.usage import UsageLog, usage_path
-from .executor import DEFAULT_MAX_MEMORY, HOLD_LIMIT, RoleExecutor
+from .executor import HOLD_LIMIT, RoleExecutor
 from .handler import RoleRequestHandler
 from .middleware import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_BODY,
     BodyLimitMiddleware,
     CallerBackend,
     HeaderCheck,
     auth_error,
 )
-from .push import PushPolicy, PushService
+from .push import PushService
 from .serving import bind_socket, serve
-from .streams import StreamLimits, StreamSlots
+from .settings import AppSettings, RoleServerSettings, settings_from
+from .streams import StreamSlots
 
 if TYPE_CHECKING:
     from a2a.server.cluster import TaskEventStream, VersionedTaskStore
 
     from .grpc_serving import GrpcServing
-    from .replicas import ReplicaSettings
 
 if TYPE_CHECKING:
     from ..observe.metrics import Metrics
@@ -126,6 +125,9 @@ logger = logging.getLogger(__name__)
 
 REST_PREFIX = "/rest"
 BEARER_SCHEME = "bearer"
+
+DEFAULT_APP = AppSettings()
+"""`build_app`'s settings when it is given none: every default."""
 
 FRAME_WRITE_DELAY = 0.05
 """Seconds a task's frames that change neither its state nor its artifacts
@@ -338,7 +340,10 @@ async def fail_orphaned_tasks(task_store: TaskStore | VersionedTaskStore) -> int
 
 
 class ServedExecutor(Protocol):
-    """What `build_app` serves: an a2a-sdk executor that can end its work on shutdown."""
+    """What `build_app` serves: an a2a-sdk executor that can end its work on
+    shutdown. One that needs its request handler (to read the tasks it
+    saves, to run turns through it) also has `served_by`, called by the
+    handler's constructor (`handler.py`)."""
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None: ...
 
@@ -356,42 +361,36 @@ def build_app(
     card: AgentCard,
     task_store: TaskStore | VersionedTaskStore,
     *,
-    token: str | None = None,
+    settings: AppSettings = DEFAULT_APP,
     access: Access | None = None,
     usage: UsageLog | None = None,
-    max_body: int = DEFAULT_MAX_BODY,
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    extra_routes: Sequence[BaseRoute] = (),
     metrics: Metrics | None = None,
-    metrics_public: bool = False,
-    own_credentials: Mapping[str, HeaderCheck] | None = None,
-    push_policy: PushPolicy | None = None,
     streams: StreamSlots | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
+    own_credentials: Mapping[str, HeaderCheck] | None = None,
     event_stream: TaskEventStream | None = None,
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
-    `access` and `usage` (and closes them).
+    `access` and `usage` (and closes them). `settings`: its body limits,
+    whether its metrics are public and its push policy (`settings.py`; a
+    server's own settings object, passed down as it is).
 
-    `access` says who may call (`token` alone: one caller with that token;
-    neither: anyone); each caller sees only its own tasks, and is held to
-    its limits, its usage recorded in `usage`. `extra_routes` (the
-    orchestrator's HTTP control API) sit behind the same auth and body
-    limits as the A2A endpoints, except paths under a prefix of
-    `own_credentials` (routes that take a credential of their own, the
-    orchestrator's webhooks), which its check lets in on their headers
-    before their body is read. `push_policy`: which webhook URLs callers may register for
-    push notifications (default: public addresses only; `push.py`).
-    `streams`: the slots its A2A streams take (default: a `StreamSlots`
-    of the default limits; `streams.py`).
+    `access` says who may call (None: anyone); each caller sees only its
+    own tasks, and is held to its limits, its usage recorded in `usage`.
+    `extra_routes` (the orchestrator's HTTP control API) sit behind the
+    same auth and body limits as the A2A endpoints, except paths under a
+    prefix of `own_credentials` (routes that take a credential of their
+    own, the orchestrator's webhooks), which its check lets in on their
+    headers before their body is read. `streams`: the slots its A2A
+    streams take (default: a `StreamSlots` of the default limits;
+    `streams.py`).
 
     `metrics` (None: none) are served at `/metrics`, behind the same auth
-    unless `metrics_public`, and fed from this app's task saves and the
-    conversations its requests run (`metrics.py`). `event_stream` carries a
-    versioned (replicas') `task_store`'s events to other replicas'
-    subscribers (`replicas.py`).
+    unless `settings.metrics_public`, and fed from this app's task saves and
+    the conversations its requests run (`metrics.py`). `event_stream`
+    carries a versioned (replicas') `task_store`'s events to other
+    replicas' subscribers (`replicas.py`).
     """
-    if access is None and token:
-        access = Access(token=token)
     quotas = (
         Quotas(access.limits if access is not None else _no_limits, usage)
         if access is not None or usage is not None
@@ -407,16 +406,7 @@ def build_app(
                 if isinstance(observed, TaskStore)
                 else _observed(observed, on_save)
             )
-    if isinstance(executor, RoleExecutor):
-        # The executor reads a context's earlier tasks through the same store,
-        # and hears of each save (a new task's turn waits for its first one).
-        executor.task_store = observed
-        observed = executor.saves_through(observed)
-        if quotas is not None:
-            # A caller's budget never lifts its limits here: each turn is
-            # capped by what its tokens_per_day leaves.
-            executor.tokens_left = quotas.tokens_left
-    push = PushService(task_store, push_policy)
+    push = PushService(task_store, settings.push_policy)
     handler = RoleRequestHandler(
         agent_executor=executor,
         task_store=observed,
@@ -426,12 +416,6 @@ def build_app(
         **push.handler_args(),
         event_stream=event_stream,
     )
-    if event_stream is not None:
-        from .replicas import ReplicaExecutor
-
-        if isinstance(executor, ReplicaExecutor):
-            # It continues dead replicas' turns through the handler's tasks.
-            executor.handler = handler
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -470,7 +454,7 @@ def build_app(
     builder = QuotaContextBuilder()
     public = {AGENT_CARD_WELL_KNOWN_PATH}
     metrics_routes = [metrics.route()] if metrics is not None else []
-    if metrics_public:
+    if settings.metrics_public:
         public.update(route.path for route in metrics_routes)
     routes = [
         *create_agent_card_routes(card, cache_control="public, max-age=60"),
@@ -490,8 +474,8 @@ def build_app(
     middleware = [
         Middleware(
             BodyLimitMiddleware,
-            max_bytes=max_body,
-            timeout=body_timeout,
+            max_bytes=settings.max_body,
+            timeout=settings.body_timeout,
             bodyless_paths=public,
             header_checks=own_credentials,
         )
@@ -617,34 +601,24 @@ async def run_role_server(
     role: Role,
     model: Model,
     workdir: Path,
+    settings: RoleServerSettings | None = None,
     *,
-    db: str,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
     access: Access | None = None,
-    public_url: str | None = None,
-    max_body: int = DEFAULT_MAX_BODY,
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     models: Callable[[str], Model] | None = None,
-    model_names: Collection[str] = (),
-    max_memory: int = DEFAULT_MAX_MEMORY,
     sandbox: Sandbox | None = None,
     prices: PriceTable | None = None,
-    card_options: CardOptions | None = None,
-    metrics: bool = True,
-    metrics_public: bool = False,
-    install_signal_handlers: bool = False,
-    grpc_port: int | None = None,
-    push_policy: PushPolicy | None = None,
-    stream_limits: StreamLimits | None = None,
-    replica: ReplicaSettings | None = None,
+    **options: Any,
 ) -> AsyncIterator[RunningServer]:
     """Serve `role` until the block exits (or a signal stops it).
 
+    `settings` (`settings.RoleServerSettings`: its task store `db`, where it
+    listens, its limits) is validated once here and passed down; `options`
+    are its fields given as keywords (`db=..., port=...`), alone or in
+    place of the given object's.
+
     A PostgreSQL `db` makes this server one of the role's replicas sharing
-    that database (`replicas.py`; `replica`: its id and lease, default
-    `ReplicaSettings.from_env()`).
+    that database (`replicas.py`; `settings.replica`: its id and lease,
+    default `ReplicaSettings.from_env()`).
 
     The socket is bound before the card is built, so the card names the real
     port; `public_url` replaces it where clients reach the server by another
@@ -672,8 +646,10 @@ async def run_role_server(
     `stream_limits`: the streams it holds open, per caller and in all
     (`streams.py`; default: `StreamLimits()`).
     """
+    settings = settings_from(RoleServerSettings, settings, options)
+    db = settings.db
     # A script in the model allow-list is refused before the port is taken.
-    offered_models(role, model_names)
+    offered_models(role, settings.model_names)
     sandbox = sandbox if sandbox is not None else Sandbox.from_env()
     if "://" not in db:
         sandbox = sandbox.hiding(*store_paths(db))
@@ -685,12 +661,13 @@ async def run_role_server(
             logger.warning(
                 "%s: the operator turned the sandbox off: %s", role.name, sandbox.describe()
             )
-    sock = bind_socket(host, port)
-    url = public_url_for(host, sock.getsockname()[1], public_url)
-    if access is None and token:
-        access = Access(token=token)
-    grpc = bind_grpc(host, grpc_port, url, access, sock)
+    sock = bind_socket(settings.host, settings.port)
+    url = public_url_for(settings.host, sock.getsockname()[1], settings.public_url)
+    if access is None and settings.token:
+        access = Access(token=settings.token)
+    grpc = bind_grpc(settings.host, settings.grpc_port, url, access, sock)
     prices = prices if prices is not None else PriceTable.from_env()
+    runtime = RoleRuntime(sandbox=sandbox, prices=prices, spans=tracing.CONVERSATION_SPANS)
     executor: RoleExecutor
     event_stream: TaskEventStream | None = None
     task_store: TaskStore | VersionedTaskStore
@@ -705,12 +682,11 @@ async def run_role_server(
             model,
             Workspace(workdir),
             cluster=cluster,
-            settings=replica or ReplicaSettings.from_env(),
+            settings=settings.replica or ReplicaSettings.from_env(),
             models=models,
-            model_names=model_names,
-            max_memory=max_memory,
-            sandbox=sandbox,
-            prices=prices,
+            model_names=settings.model_names,
+            max_memory=settings.max_memory,
+            runtime=runtime,
         )
     else:
         task_store = open_task_store(db)
@@ -721,12 +697,11 @@ async def run_role_server(
             task_store=task_store,
             models=models,
             journal=ToolJournal.open(journal_path(db, role.name, workdir)),
-            model_names=model_names,
-            max_memory=max_memory,
-            sandbox=sandbox,
-            prices=prices,
+            model_names=settings.model_names,
+            max_memory=settings.max_memory,
+            runtime=runtime,
         )
-    card_options = card_options or CardOptions()
+    card_options = settings.card_options or CardOptions()
     card = build_card(role, url, sandbox=sandbox, access=access, legacy=card_options.legacy)
     if grpc is not None:
         grpc.list_in(card)
@@ -738,16 +713,18 @@ async def run_role_server(
         # Usage is kept per caller: with auth off there is one anonymous
         # caller and nothing to tell apart (nor a write per task to pay).
         usage=UsageLog(usage_path(db, role.name, workdir)) if access is not None else None,
-        max_body=max_body,
-        body_timeout=body_timeout,
-        metrics=_metrics() if metrics else None,
-        metrics_public=metrics_public,
-        push_policy=push_policy,
-        streams=StreamSlots(stream_limits),
+        settings=settings,
+        metrics=_metrics() if settings.metrics else None,
+        streams=StreamSlots(settings.stream_limits),
         event_stream=event_stream,
     )
     async with run_server(
-        app, sock, url, executor, install_signal_handlers=install_signal_handlers, grpc=grpc
+        app,
+        sock,
+        url,
+        executor,
+        install_signal_handlers=settings.install_signal_handlers,
+        grpc=grpc,
     ) as server:
         yield server
 

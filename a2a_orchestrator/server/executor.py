@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 from a2a.helpers import get_message_text
@@ -58,9 +58,9 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskStore, TaskUpdater
-from a2a.types import Message, Task, TaskState, TaskStatus
+from a2a.types import Task, TaskState, TaskStatus
 
-from ..errors import ConfigError, ControlError
+from ..errors import ConfigError
 from ..models.base import ChatMessage, Model
 from ..observe import tracing
 from ..protocol.decoding import history_entries
@@ -68,26 +68,28 @@ from ..protocol.frames import FrameBatcher
 from ..protocol.wire import (
     BATCH_VERSIONS,
     CONFIG_KEY,
-    PAUSE_ON_KEY,
     metadata_of,
-    pause_rules_from_wire,
     publish,
     started_message,
 )
-from ..runtime.budgets import Budget, PriceTable
+from ..runtime.budgets import Budget
 from ..runtime.conversation import Conversation
-from ..runtime.events import TERMINAL_KINDS, ChildEvent, Failed, InputRequired, Started
-from ..runtime.factory import HOLD_LIMIT, control, role_conversation, spent_in
+from ..runtime.events import ChildEvent, Failed, InputRequired, Started
+from ..runtime.factory import HOLD_LIMIT, RoleRuntime, control, role_conversation, spent_in
 from ..runtime.overrides import Overrides, check_wire_overrides, offered_models
 from ..runtime.roles import Role
 from ..runtime.selectors import Selector
 from ..runtime.transcript import rebuild_transcript
 from ..storage.journal import JournalRow, ToolJournal, lost_announcements, unanswered
 from ..storage.taskstore import ObservedTaskStore, context_tasks
-from ..tools import Sandbox, Workspace
+from ..tools import Workspace
+from .requests import turn_request
 
 if TYPE_CHECKING:
     from a2a.server.cluster import VersionedTaskStore
+    from a2a.server.request_handlers import DefaultRequestHandlerV2
+
+    from .auth.quotas import Quotas
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -162,19 +164,6 @@ def _restore_lost_calls(
     per_task[-1].extend(restored)
 
 
-def _metadata(message: Message | None) -> dict[str, Any]:
-    return metadata_of(message)
-
-
-def _pause_rules(message: Message | None) -> dict[str, Selector]:
-    """A turn message's pause rules (the request handler refused bad ones)."""
-    try:
-        return pause_rules_from_wire(_metadata(message).get(PAUSE_ON_KEY))
-    except ControlError:
-        logger.warning("ignoring malformed pause rules on a turn's message")
-        return {}
-
-
 class RoleExecutor(AgentExecutor):
     """Runs one role's conversations for a2a-sdk's request handler."""
 
@@ -189,19 +178,17 @@ class RoleExecutor(AgentExecutor):
         model_names: Collection[str] = (),
         max_memory: int = DEFAULT_MAX_MEMORY,
         journal: ToolJournal | None = None,
-        sandbox: Sandbox | None = None,
-        prices: PriceTable | None = None,
-        tokens_left: Callable[[ServerCallContext], Awaitable[int | None]] | None = None,
+        runtime: RoleRuntime | None = None,
     ) -> None:
-        """`prices` is the operator's price table (cost budgets need the
-        model's price); `tokens_left` says how many tokens a request's caller
-        may still use here today (None: no limit), which caps each turn.
-        `models` resolves a model name a caller picks (None: callers get
-        `model` only); callers may pick `default`, `mini`, the role's
-        `models` and `model_names`. `max_memory` bounds the conversations
-        held in memory (bytes). `journal` records each tool call's start
-        before it runs (scope: the A2A context id), so a crash never makes a
-        call run twice."""
+        """`runtime`: where `run_command` runs commands, the operator's
+        price table (cost budgets need the model's price) and the spans its
+        conversations open (`factory.RoleRuntime`; default: no sandbox
+        given, no prices, the tracer's spans). `models` resolves a model
+        name a caller picks (None: callers get `model` only); callers may
+        pick `default`, `mini`, the role's `models` and `model_names`.
+        `max_memory` bounds the conversations held in memory (bytes).
+        `journal` records each tool call's start before it runs (scope: the
+        A2A context id), so a crash never makes a call run twice."""
         if max_memory <= 0:
             raise ConfigError("max_memory must be a positive number of bytes")
         self.role = role
@@ -211,18 +198,18 @@ class RoleExecutor(AgentExecutor):
         self.task_store = task_store
         self.max_memory = max_memory
         self._models = models
-        self.sandbox = sandbox
-        self.prices = prices
-        self.tokens_left = tokens_left
-        """How many tokens a request's caller may still use today (the
-        server's quotas set it); None: no per-caller cap."""
+        self.runtime = runtime or RoleRuntime(spans=tracing.CONVERSATION_SPANS)
+        self.tokens_left: Callable[[ServerCallContext], Awaitable[int | None]] | None = None
+        """How many tokens a request's caller may still use today, which
+        caps each turn (wired from the server's quotas, `served_by`); None:
+        no per-caller cap."""
         # Checked at start-up: a script in the operator's list is refused here.
         offered = offered_models(role, model_names)
         self.model_names: frozenset[str] = offered if models is not None else frozenset()
         """The model names a caller may choose (empty: none, the server's model only)."""
         # Fail at start-up, not at the first request, on a bad tool list or
         # a sandbox this machine cannot provide.
-        role_conversation(role, model, workspace, sandbox=sandbox, prices=prices)
+        role_conversation(role, model, workspace, runtime=self.runtime)
         self._conversations: dict[str, Conversation] = {}
         self._sizes: dict[str, int] = {}
         """Context id -> `conversation_size` measured when its last turn ended."""
@@ -238,6 +225,23 @@ class RoleExecutor(AgentExecutor):
         self._unsaved: dict[str, anyio.Event] = {}
         """New task id -> set once the request handler has stored the task."""
         self._hears_saves = False
+
+    def served_by(
+        self,
+        handler: DefaultRequestHandlerV2,
+        store: TaskStore | VersionedTaskStore,
+        quotas: Quotas | None,
+    ) -> TaskStore | VersionedTaskStore:
+        """Wired to the request `handler` that drives it (by the handler's
+        constructor, `handler.py`): a context's earlier tasks are read
+        through the handler's `store`, and with `quotas` each turn of a
+        conversation kept to a budget is capped by what the caller's
+        tokens_per_day leaves (a budget never lifts a caller's limits here).
+        Returns the store the handler saves through (`saves_through`)."""
+        self.task_store = store
+        if quotas is not None:
+            self.tokens_left = quotas.tokens_left
+        return self.saves_through(store)
 
     def saves_through(
         self, store: TaskStore | VersionedTaskStore
@@ -289,7 +293,8 @@ class RoleExecutor(AgentExecutor):
             model = self.model
             if overrides.model is not None and self._models is not None:
                 model = self._models(overrides.model)
-            if self.prices is None or self.prices.price(model.name) is None:
+            prices = self.runtime.prices
+            if prices is None or prices.price(model.name) is None:
                 raise ConfigError(
                     "child config field 'budget.cost': this server has no price for its "
                     f"model {model.name!r}, so it cannot keep a cost budget"
@@ -315,7 +320,7 @@ class RoleExecutor(AgentExecutor):
         task_id = context.task_id or ""
         # Taken before the task's first event goes out: a `pause_on` sent on
         # hearing of the task replaces them, never the other way round.
-        rules = self._pause_rules[task_id] = _pause_rules(context.message)
+        rules = self._pause_rules[task_id] = dict(turn_request(context.call_context).rules)
         try:
             await self._execute(context, event_queue, task_id)
         finally:
@@ -345,9 +350,11 @@ class RoleExecutor(AgentExecutor):
         batching = next((uri for uri in BATCH_VERSIONS if uri in requested), None)
         frames = FrameBatcher(updater, extension=batching) if batching else None
 
+        conversation: Conversation | None = None
+
         async def emit(event: ChildEvent) -> None:
             nonlocal opening
-            held = self._hold_on_match(task_id, event)
+            held = conversation is not None and conversation.holds_at(event)
             if opening is not None:
                 first, opening = opening, None
                 if frames is not None and isinstance(event, Started):
@@ -391,6 +398,8 @@ class RoleExecutor(AgentExecutor):
             await emit(Failed(reason="error", message=busy))
             return
         self._context_of[task_id] = context_id
+        # The conversation holds the task at an event its rules select.
+        conversation.pause_on(self._pause_rules.get(task_id, {}))
         # No message: a replica adopting a dead one's turn continues it (`replicas.py`).
         text = get_message_text(context.message) if context.message else None
         ended = self._turn_ended[task_id] = anyio.Event()
@@ -512,7 +521,7 @@ class RoleExecutor(AgentExecutor):
         first = next((t.history[0] for t in tasks if t.history), context.message)
         # Checked again though the handler checked it on the way in: a stored
         # message may predate this server's current allow-list.
-        overrides = self.check_config(_metadata(first).get(CONFIG_KEY))
+        overrides = self.check_config(metadata_of(first).get(CONFIG_KEY))
         role = overrides.apply(self.role)
         model = self.model
         if overrides.model is not None and self._models is not None:
@@ -538,9 +547,8 @@ class RoleExecutor(AgentExecutor):
             model,
             self.workspace,
             messages=messages,
+            runtime=self.runtime,
             journal=journal.scoped(task.context_id) if journal else None,
-            sandbox=self.sandbox,
-            prices=self.prices,
             spent=spent,
         )
 
@@ -579,22 +587,6 @@ class RoleExecutor(AgentExecutor):
         with anyio.move_on_after(_STOP_GRACE):
             await ended.wait()
 
-    def _hold_on_match(self, task_id: str, event: ChildEvent) -> bool:
-        """Hold the task's conversation when `event` matches one of its pause
-        rules; True if this event holds it."""
-        rules = self._pause_rules.get(task_id)
-        # A terminal event ends the turn: there is no next step to hold.
-        if not rules or event.kind in TERMINAL_KINDS:
-            return False
-        conversation = self.conversation(task_id)
-        if conversation is None or conversation.paused:
-            return False
-        for rule_id, selector in rules.items():
-            if selector.selects(event):
-                conversation.hold(rule_id, HOLD_LIMIT)
-                return True
-        return False
-
     def _replace_rules(self, task_id: str, rules: Mapping[str, Selector]) -> bool:
         current = self._pause_rules.get(task_id)
         if current is None:
@@ -603,10 +595,9 @@ class RoleExecutor(AgentExecutor):
         current.clear()
         current.update(rules)
         conversation = self.conversation(task_id)
-        held = conversation.held if conversation is not None else None
-        if conversation is not None and held is not None and held not in rules:
-            # Its caller dropped the rule before it heard of the match.
-            conversation.resume()
+        if conversation is not None:
+            # Released if its caller dropped the rule before it heard of the match.
+            conversation.pause_on(rules)
         return True
 
     def control(

@@ -53,7 +53,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a.helpers import get_message_text
 from a2a.server.context import ServerCallContext
@@ -61,7 +61,6 @@ from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.types import (
     InvalidParamsError,
-    Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -69,34 +68,23 @@ from a2a.types import (
     UnsupportedOperationError,
 )
 
-from ..errors import ConfigError, ControlError
+from ..errors import ConfigError
 from ..protocol.decoding import TURN_ENDING_STATES
 from ..protocol.wire import (
     CONFIG_KEY,
-    CONTROL_KEY,
-    PAUSE_ON_KEY,
-    metadata_of,
-    pause_rules_from_wire,
 )
 from ..runtime.factory import CONTROL_ACTIONS
-from ..runtime.selectors import Selector
 from ..storage.taskstore import context_owners, task_opened_by
 from .auth.quotas import Quotas, refusal
 from .executor import NEW_CONTEXT, RoleExecutor
+from .requests import REQUEST_KEY, TurnRequest
 from .streams import StreamSlots
 
+if TYPE_CHECKING:
+    from a2a.server.cluster import VersionedTaskStore
+    from a2a.server.tasks import TaskStore
+
 __all__ = ["RoleRequestHandler"]
-
-
-def _metadata(message: Message) -> dict[str, Any]:
-    """A message's metadata as plain data; invalid params when it cannot be
-    (JSON allows NaN and Infinity, which protobuf's Struct cannot turn back)."""
-    try:
-        return metadata_of(message)
-    except ValueError as exc:
-        raise InvalidParamsError(
-            message=f"message metadata: numbers must be finite ({exc})"
-        ) from exc
 
 
 class RoleRequestHandler(DefaultRequestHandler):
@@ -105,15 +93,27 @@ class RoleRequestHandler(DefaultRequestHandler):
 
     def __init__(
         self,
+        agent_executor: Any,
+        task_store: TaskStore | VersionedTaskStore,
         *args: Any,
         quotas: Quotas | None = None,
         streams: StreamSlots | None = None,
         **kwargs: Any,
     ) -> None:
-        """a2a-sdk's arguments, the `quotas` that admit work (None: no
+        """a2a-sdk's arguments (`agent_executor`: an a2a-sdk executor, as
+        `app.ServedExecutor` describes), the `quotas` that admit work (None: no
         limits) and the `streams` open streams hold a slot of (None: a
-        `StreamSlots` with the default limits)."""
-        super().__init__(*args, **kwargs)
+        `StreamSlots` with the default limits).
+
+        The executor and its handler are wired here, once: an executor with
+        a `served_by(handler, task_store, quotas)` method is told of this
+        handler, the store it saves through and the quotas it admits work
+        by, and answers with the store the handler is to save through (one
+        that tells the executor of each save, `RoleExecutor.served_by`)."""
+        served_by = getattr(agent_executor, "served_by", None)
+        if served_by is not None:
+            task_store = served_by(self, task_store, quotas)
+        super().__init__(agent_executor, task_store, *args, **kwargs)
         self.quotas = quotas
         self.streams = streams if streams is not None else StreamSlots()
 
@@ -210,16 +210,12 @@ class RoleRequestHandler(DefaultRequestHandler):
             message.context_id = str(uuid.uuid4())
             context.state[NEW_CONTEXT] = message.context_id
 
-    def _check_config(self, params: SendMessageRequest) -> None:
-        message = params.message
+    def _check_config(self, request: TurnRequest) -> None:
         executor = self.agent_executor
-        if not isinstance(executor, RoleExecutor) or not message.HasField("metadata"):
-            return
-        metadata = _metadata(message)
-        if CONFIG_KEY not in metadata:
+        if not isinstance(executor, RoleExecutor) or not request.has_config:
             return
         try:
-            executor.check_config(metadata.get(CONFIG_KEY))
+            executor.check_config(request.config)
         except ConfigError as exc:
             raise InvalidParamsError(message=f"{CONFIG_KEY}: {exc}") from exc
 
@@ -240,14 +236,18 @@ class RoleRequestHandler(DefaultRequestHandler):
                 "send the message once that turn has ended"
             )
 
-    async def _control(self, params: SendMessageRequest, context: ServerCallContext) -> Task | None:
+    def _parsed(self, params: SendMessageRequest, context: ServerCallContext) -> TurnRequest:
+        """The message's metadata, parsed once here: the executor reads it
+        from the call context (`requests.turn_request`)."""
+        request = context.state[REQUEST_KEY] = TurnRequest.of(params.message)
+        return request
+
+    async def _control(
+        self, params: SendMessageRequest, context: ServerCallContext, request: TurnRequest
+    ) -> Task | None:
         """Apply a control message; None when the message is an ordinary one."""
         message = params.message
-        if not message.HasField("metadata"):
-            return None
-        metadata = _metadata(message)
-        action = metadata.get(CONTROL_KEY)
-        rules = _pause_rules(metadata)
+        action, rules = request.action, request.rules
         if action is None:
             return None
         if action not in CONTROL_ACTIONS:
@@ -265,17 +265,18 @@ class RoleRequestHandler(DefaultRequestHandler):
                 message="this agent does not take control messages (no control extension)"
             )
         text = get_message_text(message)
-        if not executor.control(message.task_id, action, text, rules=rules):
+        if not executor.control(message.task_id, str(action), text, rules=rules):
             raise InvalidParamsError(
                 message=f"task {message.task_id} is not running on this server; nothing to {action}"
             )
         return task
 
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
-        controlled = await self._control(params, context)
+        request = self._parsed(params, context)
+        controlled = await self._control(params, context, request)
         if controlled is not None:
             return controlled
-        self._check_config(params)
+        self._check_config(request)
         await self._fill_context_id(params, context)
         await self._check_not_elsewhere(params)
         async with self._one_at_a_time(params) as opening:
@@ -297,11 +298,12 @@ class RoleRequestHandler(DefaultRequestHandler):
     async def _send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
-        controlled = await self._control(params, context)
+        request = self._parsed(params, context)
+        controlled = await self._control(params, context, request)
         if controlled is not None:
             yield controlled
             return
-        self._check_config(params)
+        self._check_config(request)
         await self._fill_context_id(params, context)
         await self._check_not_elsewhere(params)
         events: AsyncGenerator[Any, None] | None = None
@@ -346,10 +348,3 @@ class RoleRequestHandler(DefaultRequestHandler):
         except TaskNotFoundError:
             # Not running here any more: the task sent first tells its state.
             return
-
-
-def _pause_rules(metadata: dict[str, Any]) -> dict[str, Selector]:
-    try:
-        return pause_rules_from_wire(metadata.get(PAUSE_ON_KEY))
-    except ControlError as exc:
-        raise InvalidParamsError(message=str(exc)) from exc

@@ -62,7 +62,11 @@ from ..storage.taskstore import TaskOwner
 from .executor import RoleExecutor
 
 if TYPE_CHECKING:
+    from a2a.server.cluster import VersionedTaskStore
     from a2a.server.request_handlers import DefaultRequestHandlerV2
+    from a2a.server.tasks import TaskStore
+
+    from .auth.quotas import Quotas
 
 __all__ = ["DEFAULT_LEASE", "ReplicaExecutor", "ReplicaSettings"]
 
@@ -128,7 +132,7 @@ class ReplicaExecutor(RoleExecutor):
         self.settings = settings
         self.leases = Leases(cluster.engine, settings.replica_id, settings.lease)
         self.handler: DefaultRequestHandlerV2 | None = None
-        """The request handler adopted turns run through (`build_app` sets it)."""
+        """The request handler adopted turns run through (`served_by`)."""
         self._leased: dict[str, str] = {}
         """Context id -> the task whose turn runs here under its lease."""
         self._ending: dict[str, tuple[str, str]] = {}
@@ -139,6 +143,17 @@ class ReplicaExecutor(RoleExecutor):
         """Task id -> the lease taken over for it, until its turn starts."""
         self._refused: dict[str, str] = {}
         self._tg: TaskGroup | None = None
+
+    def served_by(
+        self,
+        handler: DefaultRequestHandlerV2,
+        store: TaskStore | VersionedTaskStore,
+        quotas: Quotas | None,
+    ) -> TaskStore | VersionedTaskStore:
+        """As `RoleExecutor.served_by`; it also continues dead replicas'
+        turns through the handler's tasks."""
+        self.handler = handler
+        return super().served_by(handler, store, quotas)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -17,10 +17,17 @@ from pathlib import Path, PurePosixPath
 
 from ...errors import ConfigError, OrchestratorError
 from ...models.base import ChatMessage, Model
-from ...runtime.budgets import Budget, PriceTable, Spend
+from ...observe import tracing
+from ...runtime.budgets import Budget, Spend
 from ...runtime.conversation import Conversation
-from ...runtime.events import TERMINAL_KINDS, ChildEvent
-from ...runtime.factory import HOLD_LIMIT, apply_child_config, control, role_conversation, spent_in
+from ...runtime.events import ChildEvent
+from ...runtime.factory import (
+    RoleRuntime,
+    apply_child_config,
+    control,
+    role_conversation,
+    spent_in,
+)
 from ...runtime.render import CANCELED_TEXT
 from ...runtime.roles import find_role
 from ...runtime.selectors import Selector
@@ -117,21 +124,13 @@ class LocalRun:
         self.conversation = conversation
         self._spent_below = spent_below
         self.on_identity: IdentityListener | None = None
-        self._pause_rules: dict[str, Selector] = {}
 
     @property
     def model(self) -> str:
         return self.conversation.model.name
 
     async def turn(self, text: str | None, emit: Emit) -> list[str]:
-        async def held(event: ChildEvent) -> None:
-            # Held before the event is handed on, as a role server holds a
-            # task: the conversation takes no step after a match until the
-            # parent confirms (pause) or releases (resume) the hold.
-            self._hold_on_match(event)
-            await emit(event)
-
-        await self.conversation.run(text, held)
+        await self.conversation.run(text, emit)
         # Steering the turn took but never read (it ended first): handed
         # back, so the handle makes it the next turn's input.
         return self.conversation.take_steering()
@@ -147,23 +146,12 @@ class LocalRun:
         control(self.conversation, "resume")
 
     async def pause_on(self, rules: Mapping[str, Selector]) -> bool:
-        """Hold the conversation at an event a rule selects, before its next
-        step: the parent's watchers hear of events beside the child's turn,
-        not inside it, so their `pause()` would come a step late. A rule
-        dropped while it holds the conversation releases it."""
-        self._pause_rules = dict(rules)
-        held = self.conversation.held
-        if held is not None and held not in self._pause_rules:
-            self.conversation.resume()
+        """The conversation holds itself at an event a rule selects, before
+        its next step (`Conversation.pause_on`): the parent's watchers hear
+        of events beside the child's turn, not inside it, so their `pause()`
+        would come a step late."""
+        self.conversation.pause_on(rules)
         return True
-
-    def _hold_on_match(self, event: ChildEvent) -> None:
-        if not self._pause_rules or event.kind in TERMINAL_KINDS or self.conversation.paused:
-            return  # a turn's last event has no next step to hold
-        for rule_id, selector in self._pause_rules.items():
-            if selector.selects(event):
-                self.conversation.hold(rule_id, HOLD_LIMIT)
-                return
 
     async def steer(self, text: str) -> bool:
         # Decided at once in this process: the loop either will read it or
@@ -200,15 +188,15 @@ class LocalDelegate:
         parent_model: str | None = None,
         extra_tools: Mapping[str, Tool] | None = None,
         cwd: Path | None = None,
-        sandbox: Sandbox | None = None,
-        prices: PriceTable | None = None,
+        runtime: RoleRuntime | None = None,
         journal: ToolJournal | None = None,
         child_tools: ChildTools | None = None,
         spent_below: Callable[[str], Awaitable[Spend]] | None = None,
         on_conversation: Callable[[str, Conversation], None] | None = None,
     ) -> None:
-        """`sandbox`: where the children's commands run (default:
-        `Sandbox.from_env()`); `prices`: the operator's price table.
+        """`runtime`: where the children's commands run, the operator's
+        price table and the spans they open (`factory.RoleRuntime`; default:
+        no sandbox given, no prices, the tracer's spans).
         `journal` records the children's tool calls' starts, so each runs at
         most once across crashes; `child_tools` gives a child tools of its
         own (its control tools, when the nesting depth allows it a control
@@ -217,8 +205,7 @@ class LocalDelegate:
         conversation once made (a child that is a parent gets its children's
         results there)."""
         self.workspace = workspace
-        self.sandbox = sandbox
-        self.prices = prices
+        self.runtime = runtime or RoleRuntime(spans=tracing.CONVERSATION_SPANS)
         self.models = models
         self.parent_model = parent_model
         self.extra_tools = dict(extra_tools or {})
@@ -247,24 +234,25 @@ class LocalDelegate:
             role.prompt, entries, shared_context=config.shared_context, interrupted=interrupted
         )
         tools = {**self.extra_tools, **(extra_tools or {})}
-        workspace, sandbox = self.workspace, self.sandbox
+        workspace, runtime = self.workspace, self.runtime
         if config.workdir is not None:
             workspace = narrow_workspace(self.workspace, config.workdir)
             # The session's own state stays hidden from a child working below it.
-            base = sandbox if sandbox is not None else Sandbox.from_env()
-            sandbox = base.hiding(self.workspace.root / STATE_DIR)
+            base = runtime.sandbox if runtime.sandbox is not None else Sandbox.from_env()
+            runtime = dataclasses.replace(
+                runtime, sandbox=base.hiding(self.workspace.root / STATE_DIR)
+            )
         spent, turn_spent = spent_in(entries)
         return role_conversation(
             role,
             model,
             workspace,
+            runtime=runtime,
             extra_tools=tools,
             messages=messages,
-            sandbox=sandbox,
             # A narrowed workspace is this child's own: its tools are not kept.
             reuse_tools=config.workdir is None,
             journal=journal,
-            prices=self.prices,
             spent=spent,
             turn_spent=turn_spent,
             spent_below=spent_below,

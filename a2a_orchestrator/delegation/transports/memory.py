@@ -39,6 +39,7 @@ from ...runtime.events import (
     InputRequired,
     Started,
 )
+from ...runtime.pausing import selecting_rule
 from ...runtime.render import CANCELED_TEXT, INTERRUPTED_TEXT
 from ...runtime.selectors import Selector
 from ..base import (
@@ -145,7 +146,7 @@ class MemoryRun:
                         if event.kind in TERMINAL_KINDS:
                             ended = True
                             self._remember(event)
-                        elif any(rule.selects(event) for rule in self._pause_rules.values()):
+                        elif selecting_rule(self._pause_rules, event) is not None:
                             # Held before the next item: the parent's
                             # watchers hear of the event beside this turn,
                             # so their pause would come an item late.
