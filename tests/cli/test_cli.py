@@ -10,8 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import get_args
 
@@ -19,22 +17,15 @@ import anyio
 import httpx
 import pytest
 from a2a.types import GetTaskRequest, SendMessageConfiguration, TaskState
-from conftest import a2a_client
-from test_server import user_message
+from support.cli import CLI, OFFLINE, cli, subcommands
+from support.messages import user_message
+from support.ports import free_ports
+from support.servers import a2a_client, serve_process
 
 from a2a_orchestrator.cli import main
 from a2a_orchestrator.cli.defaults import EXIT_CODES
 from a2a_orchestrator.cli.parser import build_parser
 from a2a_orchestrator.control.pipeline import Signal
-
-CLI = [sys.executable, "-m", "a2a_orchestrator.cli"]
-
-
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def test_every_signal_has_its_exit_code() -> None:
@@ -68,32 +59,6 @@ def test_missing_workdir_is_a_clear_error(
 ) -> None:
     assert main(["serve", "coder", "--workdir", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
-
-
-@contextmanager
-def serve_process(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
-    process = subprocess.Popen(
-        [*CLI, "serve", *args, "--port", "0", "--workdir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-        cwd=tmp_path,
-    )
-    try:
-        assert process.stdout is not None
-        banner = [process.stdout.readline()]
-        match = re.search(r"serving A2A at (http://\S+)", banner[0])
-        assert match, banner[0] + (process.stderr.read() if process.stderr else "")
-        while not banner[-1].startswith("  auth:"):
-            banner.append(process.stdout.readline())
-        yield process, match.group(1), "".join(banner)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
 
 
 def test_serve_shows_card_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
@@ -143,25 +108,6 @@ async def test_sigterm_fails_running_tasks_and_they_stay_failed(tmp_path: Path) 
             process.send_signal(signal.SIGTERM)
     assert task.status.state == TaskState.TASK_STATE_FAILED
     assert "shut down" in task.status.message.parts[0].text
-
-
-OFFLINE = {
-    "A2A_MODEL_BASE_URL": "",
-    "A2A_MODEL_API_KEY": "",
-    "OPENAI_BASE_URL": "",
-    "OPENAI_API_KEY": "",
-}
-
-
-def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        env={**os.environ, **OFFLINE},
-    )
 
 
 def test_demo_runs_offline_end_to_end(tmp_path: Path) -> None:
@@ -248,17 +194,6 @@ def test_run_then_inspect_the_session(tmp_path: Path) -> None:
     # The pipeline had ended: resume says so and exits with its signal again.
     assert resume.returncode == 3 and "nothing to resume" in resume.stdout
     assert missing.returncode == 2 and "no session 'nope'" in missing.stderr
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def test_up_starts_the_network_and_stops_it(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support.ports import closed_port
 
 from a2a_orchestrator import __version__
 from a2a_orchestrator.storage.store import Store
@@ -50,13 +50,6 @@ def cli(
         timeout=timeout,
         env={**os.environ, **OFFLINE, **(env or {})},
     )
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

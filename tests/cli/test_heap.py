@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_cli import CLI, OFFLINE
+from support.cli import CLI, OFFLINE
 
 from a2a_orchestrator.cli.heap import THRESHOLDS
 

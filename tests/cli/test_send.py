@@ -31,9 +31,9 @@ from a2a.types import (
     TaskState,
     TaskStatus,
 )
-from conftest import role_server
 from starlette.applications import Starlette
-from test_cli import OFFLINE, serve_process
+from support.cli import OFFLINE
+from support.servers import role_server, serve_process
 
 from a2a_orchestrator.cli.commands.send import CARD_SECONDS, SEND_EXIT_CODES
 from a2a_orchestrator.server.serving import bind_socket, serve

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import a2a_client
-from test_cli import OFFLINE, serve_process, subcommands
-from test_server import user_message
+from support.cli import OFFLINE, subcommands
+from support.messages import user_message
+from support.servers import a2a_client, serve_process
 
 from a2a_orchestrator.cli import main
 from a2a_orchestrator.cli.commands.serve import ORCHESTRATOR_ONLY, ROLE_ONLY

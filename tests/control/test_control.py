@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
-from test_delegation import TRANSPORTS, session_for
+from support.sessions import TRANSPORTS, behaviour, plane_for, session_for
 
 from a2a_orchestrator.control.parent import ParentAgent
 from a2a_orchestrator.control.plane import GATE_MESSAGE, ControlPlane, clamp_timeout
@@ -34,50 +32,6 @@ from a2a_orchestrator.server.serving import bind_socket, serve
 from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
-
-
-def behaviour(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every child's model: what it does depends on its task's first word."""
-    prompt = next(m["content"] for m in messages if m["role"] == "user")
-    users = [m["content"] for m in messages if m["role"] == "user"]
-    answers = [m["content"] for m in messages if m["role"] == "tool"]
-    steps = sum(1 for m in messages if m["role"] == "assistant")
-    kind = prompt.split()[0]
-    if kind == "sleep" and steps == 0:
-        return {"tool_calls": [{"name": "run_command", "arguments": {"command": "sleep 30"}}]}
-    if kind == "slow":
-        return {"text": f"finished {prompt}", "delay": 0.4}
-    if kind == "ask":
-        if not answers:
-            return {
-                "tool_calls": [{"name": "ask_parent", "arguments": {"question": "What color?"}}]
-            }
-        return {"text": f"color {answers[-1]}"}
-    if kind == "fail":
-        return {"error": "the model broke"}
-    if kind == "empty":
-        return {"text": ""}
-    if kind == "long":
-        return {"text": "word " * 3000 + "END"}
-    if kind == "steer":
-        if steps == 0:
-            return {
-                "delay": 0.6,
-                "tool_calls": [{"name": "list_files", "arguments": {"pattern": "*.md"}}],
-            }
-        return {"text": "saw: " + " | ".join(users)}
-    return {"text": f"finished {' / '.join(users)}"}
-
-
-@asynccontextmanager
-async def plane_for(transport: str, tmp_path: Path, **kwargs: Any) -> AsyncIterator[ControlPlane]:
-    async with session_for(transport, tmp_path, behaviour) as session:
-        plane = ControlPlane(session, **kwargs)
-        try:
-            yield plane
-        finally:
-            await plane.stop_children()
-            plane.close()
 
 
 def coder(prompt: str) -> dict[str, str]:

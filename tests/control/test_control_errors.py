@@ -19,8 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_control import behaviour
-from test_delegation import TRANSPORTS, session_for
+from support.sessions import TRANSPORTS, behaviour, session_for
 
 from a2a_orchestrator.control.parent import ParentAgent
 from a2a_orchestrator.control.plane import ControlPlane, control_tools

@@ -1,6 +1,6 @@
 """`Pipeline.restore`: a run rebuilt from its record in the session metadata.
 
-The CLI tests kill real `run` processes (tests/test_cli_sessions.py); these
+The CLI tests kill real `run` processes (tests/cli/test_cli_sessions.py); these
 reach the windows a kill cannot aim at: a step recorded whose child was
 never spawned, and a run that had already ended. In-process children on a
 real SQLite store; the model is scripted (by the role's prompt).

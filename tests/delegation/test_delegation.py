@@ -6,71 +6,16 @@ same role in-process. Only the model is scripted (the same script both ways).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from conftest import role_server, running_with_args
+from support.sessions import SCENARIOS, TRANSPORTS, config, drain, run_all_scenarios, session_for
 
-from a2a_orchestrator.delegation.base import ChildConfig, ChildHandle
-from a2a_orchestrator.delegation.network import AgentSpec, Network
-from a2a_orchestrator.delegation.session import Session
-from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.runtime.events import ChildEvent, Done, Failed, InputRequired, ToolResult
-from a2a_orchestrator.storage.store import Store
+from a2a_orchestrator.runtime.events import ChildEvent, Done, Failed, ToolResult
 
 pytestmark = pytest.mark.anyio
-
-TRANSPORTS = ["local", "remote"]
-
-
-@asynccontextmanager
-async def session_for(
-    transport: str, workdir: Path, script: Any, **role_overrides: Any
-) -> AsyncIterator[Session]:
-    """A session whose `coder` agent is in-process or a real role server
-    (`grpc`: one whose card prefers gRPC, test_grpc.py)."""
-    store = Store(workdir / ".a2a" / "orchestrator.db")
-    model = ScriptedModel(script)
-    if transport in ("remote", "grpc"):
-        grpc_port = 0 if transport == "grpc" else None
-        async with role_server(workdir, script, grpc_port=grpc_port, **role_overrides) as server:
-            network = Network.of(AgentSpec(name="coder", role="coder", url=server.url))
-            async with Session(
-                store, workdir=workdir, network=network, models=lambda n: model
-            ) as s:
-                yield s
-    else:
-        network = Network.of(AgentSpec(name="coder", role="coder"))
-        async with Session(store, workdir=workdir, network=network, models=lambda n: model) as s:
-            yield s
-    store.close()
-
-
-def config(prompt: str, **kwargs: Any) -> ChildConfig:
-    return ChildConfig(role="coder", prompt=prompt, **kwargs)
-
-
-async def drain(handle: ChildHandle, start: int = 0) -> list[ChildEvent]:
-    return [event async for event in handle.events(start)]
-
-
-SCENARIOS: dict[str, Any] = {
-    "success": [
-        {
-            "text": "Writing.",
-            "tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "A"}}],
-        },
-        {"text": "All done.\nTASK_DONE"},
-    ],
-    "failing_tool": [
-        {"tool_calls": [{"name": "run_command", "arguments": {"command": "exit 3"}}]},
-        {"text": "The command failed.\nTASK_FAILED"},
-    ],
-}
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -101,64 +46,6 @@ EXPECTED = {
     "failing_tool": ["started", "tool_called", "tool_result", "message", "done"],
 }
 SEQUENCES: dict[str, dict[str, list[ChildEvent]]] = {}
-
-
-def _ask_script(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    answers = [m["content"] for m in messages if m["role"] == "tool"]
-    if not answers:
-        return {"tool_calls": [{"name": "ask_parent", "arguments": {"question": "Which name?"}}]}
-    return {"text": f"Named it {answers[0]}.\nTASK_DONE"}
-
-
-async def run_all_scenarios(transport: str, tmp_path: Path) -> dict[str, list[ChildEvent]]:
-    """Every scenario through one transport; the events of each."""
-    out: dict[str, list[ChildEvent]] = {}
-    for name, script in SCENARIOS.items():
-        work = tmp_path / name
-        work.mkdir(parents=True)
-        async with session_for(transport, work, script) as session:
-            out[name] = await drain(await session.spawn(config(name)))
-
-    work = tmp_path / "input_required"
-    work.mkdir(parents=True)
-    async with session_for(transport, work, _ask_script) as session:
-        handle = await session.spawn(config("name something"))
-        first = await drain(handle)
-        assert isinstance(first[-1], InputRequired) and handle.status == "input_required"
-        await handle.send("Zed")
-        out["input_required"] = await drain(handle)
-
-    work = tmp_path / "cancel"
-    work.mkdir(parents=True)
-    script = [
-        {
-            "tool_calls": [
-                {
-                    "name": "run_command",
-                    "arguments": {"command": "echo ok > pid; exec sleep 60.291"},
-                }
-            ]
-        }
-    ]
-    async with session_for(transport, work, script) as session:
-        handle = await session.spawn(config("sleep"))
-        while not (work / "pid").exists() or not (work / "pid").read_text().strip():
-            await anyio.sleep(0.02)
-        assert running_with_args("sleep", "60.291")
-        assert await handle.cancel()
-        out["cancel"] = await drain(handle)
-        assert running_with_args("sleep", "60.291") == []
-        assert (await session.store.get_child(handle.child_id)).reason == "aborted"  # type: ignore[union-attr]
-
-    work = tmp_path / "max_turns"
-    work.mkdir(parents=True)
-
-    def forever(messages: Any) -> dict[str, Any]:
-        return {"tool_calls": [{"name": "list_files", "arguments": {"pattern": "*.txt"}}]}
-
-    async with session_for(transport, work, forever, max_turns=3) as session:
-        out["max_turns"] = await drain(await session.spawn(config("loop", max_turns=3)))
-    return out
 
 
 async def test_both_transports_give_identical_event_sequences(tmp_path: Path) -> None:

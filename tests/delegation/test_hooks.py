@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_control import plane_for
+from support.sessions import plane_for
 
 from a2a_orchestrator.control.plane import GATE_MESSAGE
 from a2a_orchestrator.delegation.hooks import Deny, Hooks, SpawnInfo, load_hook_file

@@ -18,7 +18,8 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from crash_tool import mark_script, network, with_mark
+from support.crash.crash_tool import mark_script, network, with_mark
+from support.processes import CRASH
 
 from a2a_orchestrator import MemoryDelegate
 from a2a_orchestrator.delegation.base import ChildConfig
@@ -34,7 +35,6 @@ from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).parent
 NETWORK = Network.of(AgentSpec(name="busy", role="busy"))
 CALLS = 300
 
@@ -275,7 +275,7 @@ async def test_a_call_whose_events_a_kill_9_lost_is_told_interrupted_never_run_a
         store_path = tmp_path / f"try{attempt}" / "o.db"
         workdir = tmp_path / f"try{attempt}" / "work"
         workdir.mkdir(parents=True)
-        crash = [sys.executable, str(HERE / "crash_tool.py"), str(store_path), "s1", str(workdir)]
+        crash = [sys.executable, str(CRASH / "crash_tool.py"), str(store_path), "s1", str(workdir)]
         with anyio.fail_after(60):
             crashed = await anyio.run_process([*crash, moment], check=False)
         assert crashed.returncode == -9, crashed.stderr.decode()
@@ -304,7 +304,7 @@ async def test_a_call_that_only_reads_a_kill_9_interrupted_is_run_again(tmp_path
     journaled call is answered as interrupted (the test above)."""
     store_path, workdir = tmp_path / "o.db", tmp_path / "work"
     workdir.mkdir()
-    crash = [sys.executable, str(HERE / "crash_tool.py"), str(store_path), "s1", str(workdir)]
+    crash = [sys.executable, str(CRASH / "crash_tool.py"), str(store_path), "s1", str(workdir)]
     with anyio.fail_after(60):
         crashed = await anyio.run_process([*crash, "read"], check=False)
     assert crashed.returncode == -9, crashed.stderr.decode()

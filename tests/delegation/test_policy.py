@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import role_server
+from support.servers import role_server
 
 from a2a_orchestrator.control.plane import ControlPlane
 from a2a_orchestrator.delegation.base import ChildConfig

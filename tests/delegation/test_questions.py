@@ -28,9 +28,9 @@ import httpx
 import pytest
 from a2a.helpers import get_message_text
 from a2a.types import CancelTaskRequest, SubscribeToTaskRequest, TaskState
-from conftest import a2a_client
-from test_cli import serve_process
-from test_server import collect, user_message
+from support.messages import collect, user_message
+from support.servers import a2a_client, serve_process
+from support.ui import BROWSER_ARGS, sse_events
 
 from a2a_orchestrator.control.pipeline import Brief, Pipeline, TaskSpec
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -513,7 +513,6 @@ async def test_a_browser_answers_a_question_that_arrives_while_the_page_is_open(
     tmp_path: Path,
 ) -> None:
     from playwright.async_api import async_playwright, expect
-    from test_ui import BROWSER_ARGS
 
     # The architect asks after ten seconds: the page is open by then (its
     # HTML has no box), so the box comes over the page's stream, built by
@@ -682,7 +681,6 @@ async def test_the_web_view_answers_a_parent_agents_question_and_its_task_goes_o
     next input, as the caller's next message would be, and the task goes on
     to COMPLETED for a caller re-subscribing to it; the caller's message
     that comes later is refused, as for any task that has ended."""
-    from test_ui import sse_events
 
     root, env = asking_parent(tmp_path)
     followed: list = []  # type: ignore[type-arg]

@@ -9,8 +9,8 @@ from typing import Any
 
 import anyio
 import pytest
-from test_delegation import TRANSPORTS, config, session_for
-from test_group_commit import refuse_child
+from support.sessions import TRANSPORTS, config, session_for
+from support.storage import refuse_child
 
 from a2a_orchestrator.control.plane import ControlPlane
 from a2a_orchestrator.delegation.base import ChildHandle

@@ -14,10 +14,9 @@ import anyio
 import httpx
 import pytest
 from a2a.types import TaskState
-from conftest import a2a_client, role_server
 from prometheus_client.parser import text_string_to_metric_families
-from test_cli import serve_process
-from test_server import collect, user_message
+from support.messages import collect, user_message
+from support.servers import a2a_client, role_server, serve_process
 
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel
@@ -236,7 +235,7 @@ def test_serve_flags_and_variables_choose_the_metrics(tmp_path: Path) -> None:
 
 def test_the_grafana_dashboard_uses_the_metrics_we_serve() -> None:
     dashboard = json.loads(
-        (Path(__file__).parent.parent / "deploy/grafana-dashboard.json").read_text()
+        (Path(__file__).resolve().parents[2] / "deploy/grafana-dashboard.json").read_text()
     )
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     used = {

@@ -39,7 +39,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from test_delegation import session_for
+from support.sessions import session_for
 
 from a2a_orchestrator.cli.entry import service_name
 from a2a_orchestrator.cli.parser import build_parser

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_cli import OFFLINE, cli
+from support.cli import OFFLINE, cli
 
 from a2a_orchestrator.orchestrator.demo import DEMO_ROLES, TERMINAL_PACE, paced_model
 

@@ -23,9 +23,9 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-from conftest import a2a_client, role_server
-from postgres import Postgres
-from test_server import collect, user_message
+from support.messages import collect, user_message
+from support.postgres import Postgres
+from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.orchestrator.app import MODE_KEY
 from a2a_orchestrator.runtime.events import Failed

@@ -10,43 +10,19 @@ import anyio
 import httpx
 import pytest
 from a2a.types import TaskState
-from conftest import a2a_client
-from test_server import collect, user_message
+from support.messages import collect, user_message
+from support.servers import a2a_client, network_up
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
-from a2a_orchestrator.models import ScriptedModel
-from a2a_orchestrator.orchestrator.app import MODE_KEY, run_orchestrator_server
-from a2a_orchestrator.orchestrator.demo import SCENARIO, prepare_workdir
+from a2a_orchestrator.orchestrator.app import MODE_KEY
+from a2a_orchestrator.orchestrator.demo import prepare_workdir
 from a2a_orchestrator.protocol.wire import EVENT_KEY
 from a2a_orchestrator.runtime.events import Done
-from a2a_orchestrator.runtime.roles import find_role
-from a2a_orchestrator.server.app import run_role_server
 from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
-
-
-async def network_up(stack: AsyncExitStack, workdir: Path, parent_script: Any = None) -> str:
-    specs = []
-    for name in ("architect", "coder", "reviewer"):
-        model = ScriptedModel.from_file(SCENARIO / "scripts" / f"{name}.json")
-        server = await stack.enter_async_context(
-            run_role_server(find_role(name), model, workdir, db=str(workdir.parent / f"{name}.db"))
-        )
-        specs.append(AgentSpec(name=name, role=name, url=server.url))
-    parent_model = ScriptedModel(parent_script or [{"text": "unused"}])
-    orchestrator = await stack.enter_async_context(
-        run_orchestrator_server(
-            store_path=workdir.parent / "orchestrator.db",
-            workdir=workdir,
-            network=Network.of(*specs),
-            models=lambda name: parent_model,
-            db=str(workdir.parent / "orchestrator-tasks.db"),
-        )
-    )
-    return orchestrator.url
 
 
 async def test_a_stock_client_runs_the_pipeline_through_the_orchestrator(tmp_path: Path) -> None:

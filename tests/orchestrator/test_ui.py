@@ -15,17 +15,18 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from conftest import a2a_client, role_server
 from starlette.routing import BaseRoute, Mount, Route
-from test_server import collect, user_message
+from support.messages import collect, user_message
+from support.servers import a2a_client, role_server
+from support.ui import BROWSER_ARGS, TOKEN, logged_in, orchestrator, sse_events
 
 from a2a_orchestrator.cli.commands.common import PIPELINE_PASSES
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -49,28 +50,11 @@ from a2a_orchestrator.storage.store import ChildRecord, Store
 
 pytestmark = pytest.mark.anyio
 
-TOKEN = "ui-test-token"
 HOSTILE = '<script>window.__xss = 1</script><img src="x" onerror="window.__xss = 2">'
 CHROMIUM = Path("/usr/bin/chromium")
-# The README's screenshots: `A2A_UI_SCREENSHOTS=docs python -m pytest tests/test_ui.py`
+# The README's screenshots: `A2A_UI_SCREENSHOTS=docs python -m pytest tests/orchestrator/test_ui.py`
 # writes them there; otherwise they go to the test's temporary directory.
 SHOTS = os.environ.get("A2A_UI_SCREENSHOTS", "")
-
-
-@asynccontextmanager
-async def orchestrator(
-    tmp_path: Path, network: Network | None = None, parent: ScriptedModel | None = None
-) -> AsyncIterator[RunningServer]:
-    model = parent or ScriptedModel([{"text": "Nothing to do.\nTASK_DONE"}])
-    async with run_orchestrator_server(
-        store_path=tmp_path / "orchestrator.db",
-        workdir=tmp_path,
-        network=network or Network.of(),
-        models=lambda name: model,
-        db=str(tmp_path / "orchestrator-tasks.db"),
-        access=Access(token=TOKEN),
-    ) as server:
-        yield server
 
 
 async def seed(path: Path, *, owner: str = DEFAULT_CALLER, text: str = HOSTILE) -> tuple[str, str]:
@@ -103,17 +87,6 @@ async def seed(path: Path, *, owner: str = DEFAULT_CALLER, text: str = HOSTILE) 
     finally:
         store.close()
     return session_id, child_id
-
-
-async def logged_in(http: httpx.AsyncClient) -> str:
-    """Log `http` in through the form; the page's CSRF token."""
-    answer = await http.post("/ui/login", data={"token": TOKEN})
-    assert answer.status_code == 303 and answer.headers["location"] == "/ui"
-    page = await http.get("/ui")
-    assert page.status_code == 200
-    found = re.search(r'<meta name="csrf-token" content="([0-9a-f]+)">', page.text)
-    assert found is not None
-    return found.group(1)
 
 
 async def test_login_cookie_opens_the_view_and_the_api_but_not_the_a2a_endpoint(
@@ -284,29 +257,6 @@ async def test_child_text_is_rendered_inert_and_sessions_stay_their_callers(
     assert script.status_code == 200 and "innerHTML" not in script.text
 
 
-async def sse_events(
-    http: httpx.AsyncClient, url: str, headers: dict[str, str], count: int
-) -> list[tuple[str, str, Any]]:
-    """The first `count` events (id, name, data) of the stream at `url`."""
-    found: list[tuple[str, str, Any]] = []
-    async with http.stream("GET", url, headers=headers) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        fields: dict[str, str] = {}
-        async for line in response.aiter_lines():
-            if line == "":
-                if "event" in fields:
-                    data = json.loads(fields["data"])
-                    found.append((fields.get("id", ""), fields["event"], data))
-                    if len(found) == count:
-                        return found
-                fields = {}
-            elif not line.startswith(":"):
-                name, _, value = line.partition(": ")
-                fields[name] = value
-    return found
-
-
 async def test_streams_resume_after_the_last_event_id(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with (
@@ -387,18 +337,6 @@ def parent_script(messages: Sequence[Any]) -> dict[str, Any]:
     if answers >= 2:
         return {"text": "Both children answered.\nTASK_DONE"}
     return {"tool_calls": [{"name": "agent_manage", "arguments": {}}]}
-
-
-BROWSER_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.mark.timeout(180)

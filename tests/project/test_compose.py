@@ -15,30 +15,15 @@ from typing import Any
 
 import pytest
 import yaml
+from support.deploy import AGENTS, ROOT, command_of, environment, flag, interpolate
+from support.servers import CARD_PATH
 
-from a2a_orchestrator.delegation.network import AgentSpec, Network, override_var
+from a2a_orchestrator.delegation.network import Network, override_var
 
-ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
-CARD_PATH = "/.well-known/agent-card.json"
 ORCHESTRATOR = "orchestrator"
 ORCHESTRATOR_PORT = 9100
-
-
-def agents() -> dict[str, AgentSpec]:
-    """The agents of the repository's agents/ directory, without env overrides."""
-    network = Network.load(cwd=ROOT, home=ROOT / "no-such-home", environ={})
-    found = {
-        name: spec
-        for name, spec in network.agents.items()
-        if spec.source is not None and spec.source.parent == ROOT / "agents"
-    }
-    assert found, "no agent files in agents/"
-    return found
-
-
-AGENTS = agents()
 
 
 @pytest.fixture(scope="module")
@@ -51,23 +36,10 @@ def compose() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The services `docker compose up` starts: those of no profile (the
-    `scale` profile's are checked by tests/test_deploy.py)."""
+    `scale` profile's are checked by tests/project/test_deploy.py)."""
     found = compose["services"]
     assert isinstance(found, dict)
     return {name: service for name, service in found.items() if not service.get("profiles")}
-
-
-def flag(command: list[str], name: str) -> str:
-    """The value after `name` in a service's command; fails if it is absent."""
-    assert name in command, f"{name} missing from {command}"
-    return command[command.index(name) + 1]
-
-
-def command_of(service: dict[str, Any]) -> list[str]:
-    command = service["command"]
-    assert isinstance(command, list), "command must be a list (exec form)"
-    assert all(isinstance(part, str) for part in command)
-    return command
 
 
 def expected_port(name: str) -> int:
@@ -76,14 +48,6 @@ def expected_port(name: str) -> int:
     port = AGENTS[name].port
     assert port is not None, f"agents/{name}.toml has no port"
     return port
-
-
-def environment(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment", {})
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    assert isinstance(env, dict)
-    return {key: str(value) for key, value in env.items()}
 
 
 def volume_mounts(service: dict[str, Any]) -> dict[str, str]:
@@ -197,19 +161,6 @@ def test_model_and_token_come_from_the_host(services: dict[str, dict[str, Any]],
         assert env.get(var) == f"${{{var}:-}}", f"{name}: {var}"
     # Required, not defaulted: compose refuses to start without a token.
     assert env["A2A_AUTH_TOKEN"].startswith("${A2A_AUTH_TOKEN:?")
-
-
-def interpolate(text: str, environ: dict[str, str]) -> str:
-    """Compose's `${VAR:-default}` and `${VAR:?error}`, the forms this file uses."""
-
-    def one(match: re.Match[str]) -> str:
-        name, op, word = match.group(1), match.group(2), match.group(3)
-        value = environ.get(name, "")
-        if op == ":?" and not value:
-            raise ValueError(f"required variable {name} is missing a value: {word}")
-        return value or word
-
-    return re.sub(r"\$\{(\w+)(:-|:\?)([^}]*)\}", one, text)
 
 
 @pytest.mark.parametrize("name", ALL_SERVICES)

@@ -5,19 +5,16 @@ The manifests are checked against the Kubernetes schemas that
 kubernetes-validate ships (offline, no cluster). HAProxy is Debian's, run for
 real in front of three role servers on 127.0.0.1; its tests skip, naming the
 package, where it is not installed. No Docker here: the compose file is read
-as data, like tests/test_compose.py does.
+as data, like tests/project/test_compose.py does.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 import shutil
-import socket
 import subprocess
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +24,25 @@ import kubernetes_validate
 import pytest
 import yaml
 from anyio.abc import TaskStatus
-from test_compose import AGENTS, CARD_PATH, command_of, environment, flag, interpolate
+from support.deploy import (
+    AGENTS,
+    HAPROXY,
+    HAPROXY_CFG,
+    REPLICAS,
+    ROOT,
+    command_of,
+    environment,
+    flag,
+    haproxy,
+    interpolate,
+    local_config,
+    needs_haproxy,
+    sections,
+    show_stat,
+    wait_for_states,
+)
+from support.ports import free_port
+from support.servers import CARD_PATH
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network, override_var
@@ -38,21 +53,13 @@ from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.server.app import RunningServer, run_role_server
 from a2a_orchestrator.storage.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yaml"
-HAPROXY_CFG = ROOT / "deploy" / "haproxy.cfg"
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 # The oldest Kubernetes the manifests are written for, and the newest
 # kubernetes-validate knows: both must accept them.
 KUBERNETES_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]
-REPLICAS = ["coder-1", "coder-2", "coder-3"]
 BALANCER = "coder-lb"
 CODER_PORT = 9102
-
-HAPROXY = shutil.which("haproxy")
-needs_haproxy = pytest.mark.skipif(
-    HAPROXY is None, reason="HAProxy is not installed (Debian package `haproxy`)"
-)
 
 
 # --- the compose `scale` profile ----------------------------------------------------
@@ -166,7 +173,7 @@ def test_the_token_and_the_postgres_password_are_required(
     # The password is not required by compose (a profile that is off would
     # need it too): postgres refuses to start without it, and everything
     # that uses it waits for postgres to be healthy
-    # (tests/test_compose.py runs that refusal).
+    # (tests/project/test_compose.py runs that refusal).
     password = scale["postgres"]["environment"]["POSTGRES_PASSWORD"]
     assert interpolate(password, {"A2A_POSTGRES_PASSWORD": "s3cret"}) == "s3cret"
     assert "A2A_POSTGRES_PASSWORD" in scale["postgres"]["entrypoint"][-1]
@@ -225,20 +232,6 @@ def test_docker_compose_accepts_the_scale_profile() -> None:
 # --- deploy/haproxy.cfg ---------------------------------------------------------------
 
 
-def sections(text: str) -> list[tuple[str, list[str]]]:
-    """(header, body lines) of an HAProxy config; comments and blank lines dropped."""
-    found: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        bare = line.split("#", 1)[0].rstrip()
-        if not bare.strip():
-            continue
-        if not bare[0].isspace():
-            found.append((bare, []))
-        else:
-            found[-1][1].append(bare.strip())
-    return found
-
-
 def backend_lines(keyword: str) -> list[str]:
     (body,) = [
         body
@@ -246,37 +239,6 @@ def backend_lines(keyword: str) -> list[str]:
         if header.startswith("backend ")
     ]
     return [line for line in body if line.split()[0] == keyword]
-
-
-def local_config(port: int, servers: dict[str, int], stats: Path) -> str:
-    """deploy/haproxy.cfg as it is, except where it runs: the frontend binds
-    127.0.0.1:`port`, the backend's servers are `servers` on 127.0.0.1, and
-    Docker's DNS (absent here) is not used. An admin socket lets the test
-    read each server's state."""
-    out: list[str] = []
-    binds = replaced = 0
-    for header, body in sections(HAPROXY_CFG.read_text(encoding="utf-8")):
-        if header.startswith("resolvers "):
-            continue
-        out.append(header)
-        if header == "global":
-            out.append(f"    stats socket {stats} mode 600 level admin")
-        for line in body:
-            keyword = line.split()[0]
-            if keyword == "bind":
-                binds += 1
-                line = f"bind 127.0.0.1:{port}"
-            elif keyword == "default-server":
-                line = re.sub(r"\s+resolvers \S+", "", line)
-            elif keyword == "server":
-                if not replaced:
-                    out.extend(f"    server {name} 127.0.0.1:{p}" for name, p in servers.items())
-                replaced += 1
-                continue
-            out.append(f"    {line}")
-    # The template still has the shape this rewrite expects.
-    assert binds == 1 and replaced == len(REPLICAS)
-    return "\n".join(out) + "\n"
 
 
 def haproxy_check(path: Path) -> subprocess.CompletedProcess[str]:
@@ -319,12 +281,6 @@ def test_haproxy_config_is_stream_friendly() -> None:
 # --- HAProxy in front of three real role servers ------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def serve_replica(
     workdir: Path,
     db: Path,
@@ -362,52 +318,9 @@ async def serve_replica(
         await stop.wait()
 
 
-@contextmanager
-def haproxy(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    assert HAPROXY is not None
-    with log.open("wb") as out:
-        # -db: stay in the foreground, as in the container.
-        process = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=out, stderr=out)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-async def show_stat(stats: Path) -> list[dict[str, str]]:
-    """The backend's server rows of HAProxy's `show stat` (admin socket)."""
-    async with await anyio.connect_unix(str(stats)) as sock:
-        await sock.send(b"show stat\n")
-        raw = b""
-        try:
-            while True:
-                raw += await sock.receive()
-        except anyio.EndOfStream:
-            pass
-    rows = csv.DictReader(io.StringIO(raw.decode().removeprefix("# ")))
-    return [row for row in rows if row["pxname"] == "coder-replicas" and row["svname"] in REPLICAS]
-
-
-async def server_states(stats: Path) -> dict[str, str]:
-    """Each server's status as its health checks see it: UP, DOWN, ..."""
-    return {row["svname"]: row["status"] for row in await show_stat(stats)}
-
-
 async def answered(stats: Path) -> dict[str, int]:
     """How many 2xx responses each server gave (health checks not counted)."""
     return {row["svname"]: int(row["hrsp_2xx"] or 0) for row in await show_stat(stats)}
-
-
-async def wait_for_states(stats: Path, wanted: dict[str, str]) -> None:
-    while True:
-        try:
-            states = await server_states(stats)
-        except OSError:
-            states = {}  # not listening yet
-        if all(states.get(name) == state for name, state in wanted.items()):
-            return
-        await anyio.sleep(0.1)
 
 
 @asynccontextmanager

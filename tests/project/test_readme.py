@@ -40,7 +40,7 @@ from a2a_orchestrator.runtime.factory import role_conversation
 from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.tools import Sandbox, Workspace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 """The guide: the README and the pages it sends readers on to."""

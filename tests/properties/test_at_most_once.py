@@ -12,8 +12,10 @@ from typing import Any
 
 import anyio
 import pytest
-from crash_command import command_script, network
-from test_recovery import start_role_server
+from support.crash.crash_command import command_script, network
+from support.processes import CRASH
+from support.servers import role_server, start_role_server
+from support.waiting import wait_for_text
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -42,7 +44,6 @@ from a2a_orchestrator.tools.procs import marked_processes
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).parent
 # Long enough that the kill lands while it sleeps; "end" would prove a survivor.
 COMMAND = "echo start >> runs.txt; sleep 3; echo end >> runs.txt"
 
@@ -183,12 +184,6 @@ def _no_leftovers(journal_file: Path) -> list[int]:
     return [pid for marker in markers for pid in marked_processes(marker)]
 
 
-async def _wait_for_text(path: Path, text: str, timeout: float = 20) -> None:
-    with anyio.fail_after(timeout):
-        while not (path.exists() and text in path.read_text()):
-            await anyio.sleep(0.05)
-
-
 async def test_kill_9_of_the_orchestrator_mid_command_runs_it_once(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -197,7 +192,7 @@ async def test_kill_9_of_the_orchestrator_mid_command_runs_it_once(tmp_path: Pat
     parent = subprocess.Popen(
         [
             sys.executable,
-            str(HERE / "crash_command.py"),
+            str(CRASH / "crash_command.py"),
             str(store_path),
             "s1",
             str(workdir),
@@ -208,7 +203,7 @@ async def test_kill_9_of_the_orchestrator_mid_command_runs_it_once(tmp_path: Pat
         text=True,
     )
     try:
-        await _wait_for_text(runs, "start")
+        await wait_for_text(runs, "start")
         parent.send_signal(signal.SIGKILL)
         await anyio.to_thread.run_sync(parent.wait)
     finally:
@@ -249,7 +244,7 @@ async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) 
         with anyio.fail_after(45):
             async with Session(store, workdir=tmp_path, network=remote, lost_after=20) as session:
                 handle = await session.spawn(ChildConfig(role="remote", prompt="run it"))
-                await _wait_for_text(runs, "start")
+                await wait_for_text(runs, "start")
                 process.send_signal(signal.SIGKILL)
                 process.wait()
                 process, _ = start_role_server(tmp_path, port, db, script)
@@ -285,7 +280,7 @@ async def test_a_role_server_killed_after_a_call_closed_but_before_its_result_wa
     script.write_text(json.dumps([{"tool_calls": [call]}, {"text": "done"}]))
     db = tmp_path / "role.db"
     kill_after = "UPDATE tool_calls SET finished_at"
-    launcher = (str(HERE / "crash_serve.py"), kill_after)
+    launcher = (str(CRASH / "crash_serve.py"), kill_after)
     process, url = start_role_server(tmp_path, 0, db, script, launcher=launcher)
     port = int(url.rsplit(":", 1)[1])
     seen: list[list[dict[str, Any]]] = []
@@ -362,8 +357,6 @@ async def test_the_early_task_save_logs_no_error(
     """The role server stores a new task before its tools run; a2a-sdk then
     finds it stored and used to log an error for every task."""
     import logging
-
-    from conftest import role_server
 
     from a2a_orchestrator.delegation.base import ChildConfig as _Config
 

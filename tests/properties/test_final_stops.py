@@ -19,9 +19,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import role_server
-from test_control import behaviour, plane_for
-from test_delegation import TRANSPORTS, session_for
+from support.servers import role_server
+from support.sessions import TRANSPORTS, behaviour, plane_for, session_for
 
 from a2a_orchestrator.control.plane import ControlPlane, control_tools
 from a2a_orchestrator.control.supervisor import Supervisor, supervisor_tool

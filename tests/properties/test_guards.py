@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from conftest import role_server
 from starlette.routing import BaseRoute, Mount, Route
+from support.servers import role_server
 
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.models import ScriptedModel

@@ -28,13 +28,13 @@ import httpx
 import jwt
 import pytest
 from a2a.types import SubscribeToTaskRequest
-from conftest import a2a_client
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from support.servers import a2a_client
 
 from a2a_orchestrator.cli.commands.serve import access_of
 from a2a_orchestrator.cli.parser import build_parser

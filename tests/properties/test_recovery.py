@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
-from conftest import role_server
-from crash_parent import local_script, network
+from support.crash.crash_parent import local_script, network
+from support.processes import CRASH
+from support.servers import role_server, start_role_server
+from support.waiting import wait_for
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -24,7 +23,6 @@ from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).parent
 REMOTE_SCRIPT = [
     {
         "delay": 2.0,
@@ -36,12 +34,6 @@ REMOTE_SCRIPT = [
 ]
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 15) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.05)
-
-
 async def test_kill_9_the_orchestrator_then_resume(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -51,7 +43,7 @@ async def test_kill_9_the_orchestrator_then_resume(tmp_path: Path) -> None:
             parent = subprocess.Popen(
                 [
                     sys.executable,
-                    str(HERE / "crash_parent.py"),
+                    str(CRASH / "crash_parent.py"),
                     str(store_path),
                     "s1",
                     str(workdir),
@@ -118,52 +110,6 @@ async def test_kill_9_the_orchestrator_then_resume(tmp_path: Path) -> None:
     assert len(uuids) == len(set(uuids))
     assert [e.kind for e in events].count("started") == 1
     assert [e.kind for e in events][-1] == "done"
-
-
-def start_role_server(
-    tmp_path: Path,
-    port: int,
-    db: Path,
-    script: Path | None = None,
-    launcher: Sequence[str] = ("-m", "a2a_orchestrator.cli"),
-) -> tuple[subprocess.Popen[str], str]:
-    """`a2a-orchestrator serve coder` as its own process (tests SIGKILL it);
-    its model plays `script`, by default one slow answer. `launcher`: how
-    Python runs the CLI (`crash_serve.py` kills it at a chosen commit)."""
-    if script is None:
-        script = tmp_path / "slow.json"
-        script.write_text('[{"text": "never", "delay": 60}]')
-    env = {
-        **os.environ,
-        "A2A_MODEL_SCRIPT": str(script),
-        "A2A_MODEL_BASE_URL": "",
-        "A2A_MODEL_API_KEY": "",
-        "OPENAI_BASE_URL": "",
-        "OPENAI_API_KEY": "",
-    }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            *launcher,
-            "serve",
-            "coder",
-            "--port",
-            str(port),
-            "--db",
-            str(db),
-            "--workdir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"serving A2A at (http://\S+)", line)
-    assert match, line + (process.stderr.read() if process.stderr else "")
-    return process, match.group(1)
 
 
 async def _spawn_remote(session: Session) -> None:

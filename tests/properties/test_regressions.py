@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_delegation import TRANSPORTS, session_for
+from support.sessions import TRANSPORTS, session_for
 
 from a2a_orchestrator.control.plane import ControlPlane
 from a2a_orchestrator.control.reactions import Reaction, Reactions

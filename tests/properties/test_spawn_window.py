@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,37 +18,16 @@ import anyio
 import pytest
 from a2a.helpers import new_text_message
 from a2a.types import ListTasksRequest, Role, SendMessageRequest, Task
-from conftest import a2a_client, role_server
-from crash_parent import network
+from support.crash.crash_parent import network
+from support.processes import CRASH
+from support.servers import a2a_client, role_server
+from support.sessions import CountingScript
 
 from a2a_orchestrator.delegation.session import Session
-from a2a_orchestrator.models.base import ChatMessage
 from a2a_orchestrator.runtime.events import Done
 from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
-
-HERE = Path(__file__).parent
-
-
-class CountingScript:
-    """The role server's model: a slow first step, then the answer; counts
-    the conversations it started (one per run of the child's task)."""
-
-    def __init__(self, delay: float = 1.5) -> None:
-        self.delay = delay
-        self.runs = 0
-
-    def __call__(self, messages: Sequence[ChatMessage]) -> dict[str, Any]:
-        if not any(m["role"] == "assistant" for m in messages):
-            self.runs += 1
-            return {
-                "delay": self.delay,
-                "tool_calls": [
-                    {"name": "write_file", "arguments": {"path": "r1.txt", "content": "r1"}}
-                ],
-            }
-        return {"text": "remote done"}
 
 
 def _state(pid: int) -> str:
@@ -60,7 +38,7 @@ def _state(pid: int) -> str:
 
 async def _crash_at_send(store_path: Path, workdir: Path, url: str, when: str) -> None:
     """Run the orchestrator until it stops itself at the send, then SIGKILL it."""
-    args = [sys.executable, str(HERE / "crash_parent.py")]
+    args = [sys.executable, str(CRASH / "crash_parent.py")]
     args += [str(store_path), "s1", str(workdir), url, when]
     parent = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -23,10 +23,9 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from conftest import a2a_client
-from postgres import Postgres
-from test_orchestrator_server import network_up
-from test_server import collect, user_message
+from support.messages import collect, user_message
+from support.postgres import Postgres
+from support.servers import a2a_client, network_up
 
 from a2a_orchestrator.cli.defaults import NO_SIGNAL_EXIT
 from a2a_orchestrator.delegation.network import AgentSpec, Network

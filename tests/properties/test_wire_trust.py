@@ -24,7 +24,7 @@ import pytest
 from a2a.helpers import new_text_message
 from a2a.types import Role as A2ARole
 from a2a.types import SendMessageRequest, TaskState
-from conftest import a2a_client
+from support.servers import a2a_client
 
 from a2a_orchestrator.cli.commands.serve import _server_limits
 from a2a_orchestrator.cli.parser import build_parser

@@ -19,13 +19,13 @@ import httpx
 import jwt
 import pytest
 from a2a.types import AgentCard
-from conftest import role_server
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from google.protobuf.json_format import ParseDict, ParseError
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from support.servers import role_server
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network, load_agent_file

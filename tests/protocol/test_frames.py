@@ -36,10 +36,9 @@ from a2a.types import (
     Task,
     TaskState,
 )
-from conftest import a2a_client, role_server
-from test_at_most_once import _wait_for_text
-from test_delegation import session_for
-from test_recovery import start_role_server
+from support.servers import a2a_client, role_server, start_role_server
+from support.sessions import session_for
+from support.waiting import wait_for_text
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -502,7 +501,7 @@ async def test_a_role_server_killed_mid_turn_still_tells_what_was_interrupted(
         with anyio.fail_after(60):
             async with Session(store, workdir=tmp_path, network=network, lost_after=20) as session:
                 handle = await session.spawn(ChildConfig(role="remote", prompt="run them"))
-                await _wait_for_text(tmp_path / "runs.txt", "start")
+                await wait_for_text(tmp_path / "runs.txt", "start")
                 while sum(isinstance(e, ToolResult) for e in handle.log) < 20:
                     await anyio.sleep(0.02)
                 process.send_signal(signal.SIGKILL)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from a2a.helpers import new_data_part, new_text_part
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
-from conftest import role_server
+from support.servers import role_server
 
 from a2a_orchestrator.protocol.decoding import StreamDecoder
 from a2a_orchestrator.protocol.wire import EVENT_KEY

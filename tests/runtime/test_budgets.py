@@ -26,8 +26,9 @@ import anyio
 import anyio.to_thread
 import httpx
 import pytest
-from crash_budget import STEP_USAGE, tree_script
-from crash_budget import network as crash_network
+from support.crash.crash_budget import STEP_USAGE, tree_script
+from support.crash.crash_budget import network as crash_network
+from support.processes import CRASH
 
 from a2a_orchestrator.control.plane import ControlPlane
 from a2a_orchestrator.delegation.base import ChildConfig
@@ -44,7 +45,6 @@ from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).resolve().parent
 CALL = Spend(input_tokens=100, output_tokens=20, model_calls=1)
 """What every scripted model call here spends (before cost)."""
 PRICES = PriceTable({"scripted": Price(input=1.0, output=2.0)})
@@ -300,7 +300,7 @@ async def test_usage_totals_are_exact_after_a_crash_and_a_resume(tmp_path: Path)
     workdir.mkdir()
     store_path = tmp_path / "o.db"
     process = subprocess.Popen(
-        [sys.executable, str(HERE / "crash_budget.py"), str(store_path), "s1", str(workdir)],
+        [sys.executable, str(CRASH / "crash_budget.py"), str(store_path), "s1", str(workdir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_delegation import session_for
+from support.sessions import session_for
 
 from a2a_orchestrator.control.parent import ParentAgent
 from a2a_orchestrator.models import ScriptedModel

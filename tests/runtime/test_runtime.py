@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import running_with_args
+from support.processes import running_with_args
 
 from a2a_orchestrator.models import (
     ChatMessage,

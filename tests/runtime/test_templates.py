@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_delegation import session_for
+from support.sessions import session_for
 
 from a2a_orchestrator.control.plane import ControlPlane
 from a2a_orchestrator.control.reactions import Reactions, load_reactions

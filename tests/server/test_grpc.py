@@ -31,11 +31,10 @@ from a2a.types import (
     TaskState,
     a2a_pb2_grpc,
 )
-from conftest import a2a_client, role_server
-from test_cli import serve_process
-from test_delegation import run_all_scenarios, session_for
-from test_remote import free_port
-from test_server import user_message
+from support.messages import user_message
+from support.ports import free_port
+from support.servers import a2a_client, role_server, serve_process
+from support.sessions import run_all_scenarios, session_for
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network

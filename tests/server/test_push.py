@@ -29,14 +29,15 @@ from a2a.types import (
     TaskState,
     a2a_pb2_grpc,
 )
-from conftest import a2a_client
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.rpc import error_details_pb2, status_pb2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from test_server import user_message
+from support.messages import user_message
+from support.processes import CRASH
+from support.servers import a2a_client
 
 from a2a_orchestrator.delegation.network import AgentSpec, Network, load_agent_file
 from a2a_orchestrator.delegation.session import Session
@@ -55,7 +56,6 @@ from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).parent
 LOOPBACK = PushPolicy.parse("127.0.0.0/8")
 
 
@@ -804,7 +804,7 @@ async def test_kill_9_the_orchestrator_then_recovery_completes_the_push_child_on
             parent = subprocess.Popen(
                 [
                     sys.executable,
-                    str(HERE / "crash_push.py"),
+                    str(CRASH / "crash_push.py"),
                     str(store_path),
                     "s1",
                     str(workdir),

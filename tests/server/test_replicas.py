@@ -28,9 +28,10 @@ import asyncpg
 import httpx
 import pytest
 from a2a.types import CancelTaskRequest, SubscribeToTaskRequest
-from conftest import a2a_client
-from postgres import Postgres
-from test_deploy import REPLICAS, free_port, haproxy, local_config, needs_haproxy, wait_for_states
+from support.deploy import REPLICAS, haproxy, local_config, needs_haproxy, wait_for_states
+from support.ports import free_port
+from support.postgres import Postgres
+from support.servers import a2a_client
 
 from a2a_orchestrator.protocol.wire import EVENT_KEY
 

@@ -11,16 +11,14 @@ import anyio
 import httpx
 import pytest
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
-from a2a.helpers import new_text_message
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
-    Role,
-    SendMessageRequest,
-    StreamResponse,
     TaskState,
 )
-from conftest import a2a_client, role_server, running_with_args
+from support.messages import collect, task_id_of, user_message
+from support.processes import running_with_args
+from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.protocol.decoding import StreamDecoder
 from a2a_orchestrator.runtime.events import ChildEvent, Done, Failed, InputRequired, ToolResult
@@ -29,34 +27,8 @@ from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
 pytestmark = pytest.mark.anyio
 
 
-def user_message(text: str, *, task_id: str = "", context_id: str = "") -> SendMessageRequest:
-    message = new_text_message(text, role=Role.ROLE_USER)
-    if task_id:
-        message.task_id = task_id
-    if context_id:
-        message.context_id = context_id
-    return SendMessageRequest(message=message)
-
-
-async def collect(
-    client: Any, request: SendMessageRequest
-) -> tuple[list[StreamResponse], list[ChildEvent]]:
-    decoder = StreamDecoder()
-    responses: list[StreamResponse] = []
-    events: list[ChildEvent] = []
-    async for response in client.send_message(request):
-        responses.append(response)
-        events.extend(decoder.decode(response))
-    return responses, events
-
-
 def kinds(events: list[ChildEvent]) -> list[str]:
     return [e.kind for e in events if e.kind != "message_delta"]
-
-
-def task_id_of(responses: list[StreamResponse]) -> str:
-    first = responses[0]
-    return first.task.id if first.HasField("task") else first.status_update.task_id
 
 
 CODER_SCRIPT = [

@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from test_ui import orchestrator
+from support.ui import orchestrator
 
 from a2a_orchestrator.server.serving import bind_socket, serve
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from a2a.types import SendMessageRequest, SubscribeToTaskRequest, a2a_pb2_grpc
 from google.protobuf.json_format import ParseDict
-from test_ui import TOKEN, logged_in
+from support.ui import TOKEN, logged_in
 
 from a2a_orchestrator.delegation.network import Network
 from a2a_orchestrator.errors import ConfigError

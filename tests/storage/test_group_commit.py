@@ -9,26 +9,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support.storage import refuse_child
 
 from a2a_orchestrator.errors import StoreError
 from a2a_orchestrator.storage.store import ChildRecord, Store
 
 pytestmark = pytest.mark.anyio
-
-
-def refuse_child(path: Path, child_id: str, when: str = "1") -> None:
-    """A trigger, in the real file, that makes the event writes of
-    `child_id` (those `when` selects) fail as SQLite itself fails a write."""
-    conn = sqlite3.connect(path)
-    conn.execute(
-        f"""
-        CREATE TRIGGER refuse_{child_id} BEFORE INSERT ON events
-        WHEN NEW.child_id = '{child_id}' AND ({when})
-        BEGIN SELECT RAISE(ABORT, 'child write refused'); END
-        """
-    )
-    conn.commit()
-    conn.close()
 
 
 async def test_appends_in_the_same_tick_share_one_transaction(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from postgres import Postgres
 from sqlalchemy.ext.asyncio import create_async_engine
+from support.postgres import Postgres
 
 from a2a_orchestrator.models.base import ToolCall
 from a2a_orchestrator.storage import journal as journal_module

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from postgres import Postgres
 from sqlalchemy.ext.asyncio import create_async_engine
+from support.postgres import Postgres
 
 from a2a_orchestrator.models.base import ToolCall
 from a2a_orchestrator.storage.sharedjournal import SharedToolJournal

@@ -11,8 +11,9 @@ import pytest
 from a2a.auth.user import UnauthenticatedUser
 from a2a.server.context import ServerCallContext
 from a2a.types import GetTaskRequest, ListTasksRequest, Task, TaskState, TaskStatus
-from conftest import a2a_client, role_server
 from starlette.authentication import SimpleUser
+from support.messages import collect, task_id_of, user_message
+from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.protocol.wire import EVENT_KEY
 from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
@@ -160,8 +161,6 @@ async def test_a_sqlalchemy_url_uses_the_sdk_database_store(tmp_path: Path) -> N
     with anyio.fail_after(20):
         async with role_server(tmp_path, lambda m: {"text": "kept"}, db=url) as server:
             async with a2a_client(server.url) as client:
-                from test_server import collect, task_id_of, user_message
-
                 responses, _ = await collect(client, user_message("remember"))
         async with role_server(tmp_path, lambda m: {"text": "kept"}, db=url) as server:
             async with a2a_client(server.url) as client:
@@ -283,7 +282,6 @@ async def test_a_role_server_writes_a_turn_at_its_tool_results_and_its_end(
 ) -> None:
     """Text, messages and tool calls in one state are not each a write; a
     tool's result and the end of the turn are, each with every frame before."""
-    from test_server import collect, task_id_of, user_message
 
     from a2a_orchestrator.server import app as server_module
     from a2a_orchestrator.storage import taskstore

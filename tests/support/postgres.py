@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from support.ports import free_port
 
 __all__ = ["Postgres", "Unavailable", "pg_bin", "postgres", "running_postgres"]
 
@@ -39,12 +40,6 @@ def pg_bin() -> Path | None:
         return found[-1].parent
     pg_ctl = shutil.which("pg_ctl")
     return Path(pg_ctl).parent if pg_ctl else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,7 @@ def running_postgres() -> Iterator[Postgres]:
             capture_output=True,
             timeout=120,
         )
-        port = _free_port()
+        port = free_port()
         options = (
             f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c max_connections=300"
             # A throwaway server: durability across a power cut is not tested.

@@ -246,7 +246,7 @@ def test_workspace_holds_its_descriptor_until_closed(ws: Workspace) -> None:
 
 def _races() -> ModuleType:
     """bench/races.py, the race the benchmark reports, run smaller here."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "races.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "races.py"
     spec = importlib.util.spec_from_file_location("bench_races", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from a2a.helpers import new_text_message
 from a2a.types import Role, SendMessageRequest
-from conftest import a2a_client, role_server
+from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session

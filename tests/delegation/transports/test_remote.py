@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 from pathlib import Path
 
 import anyio
@@ -12,7 +11,8 @@ import httpx
 import pytest
 from a2a.client import A2AClientError, A2AClientTimeoutError, AgentCardResolutionError
 from a2a.types import AgentInterface
-from conftest import role_server
+from support.ports import free_port
+from support.servers import role_server
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -36,12 +36,6 @@ from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.tools import Workspace
 
 pytestmark = pytest.mark.anyio
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_unknown_agent_and_unreachable_url_are_clear_errors(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,13 @@ import anyio
 import httpx
 import pytest
 from a2a.types import Task, TaskState, TaskStatus
-from conftest import role_server
 from google.protobuf.json_format import MessageToDict, ParseDict
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from test_recovery import start_role_server
-from test_spawn_window import CountingScript
+from support.servers import CARD_PATH, role_server, serving, start_role_server
+from support.sessions import CountingScript
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -35,23 +33,9 @@ from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.delegation.transports import RemoteDelegate
 from a2a_orchestrator.runtime.events import Done, Failed
 from a2a_orchestrator.server.app import agent_card
-from a2a_orchestrator.server.serving import bind_socket, serve
 from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
-
-CARD_PATH = "/.well-known/agent-card.json"
-
-
-@asynccontextmanager
-async def serving(app: Starlette) -> AsyncIterator[str]:
-    """`app` on a real uvicorn server on 127.0.0.1; yields its base URL."""
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(serve, app, bind_socket("127.0.0.1", 0))
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            tg.cancel_scope.cancel()
 
 
 def _sse(result: Any, rpc_id: Any) -> bytes:

@@ -37,15 +37,15 @@ import anyio
 import httpx
 import pytest
 from a2a.types import GetTaskRequest, TaskState
-from conftest import a2a_client, role_server
-from crash_parent import local_script, network
 from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from test_recovery import wait_for
-from test_remote_deadlines import CARD_PATH, serving
+from support.crash.crash_parent import local_script, network
+from support.processes import CRASH
+from support.servers import CARD_PATH, a2a_client, role_server, serving
+from support.waiting import wait_for
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -60,7 +60,6 @@ from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).parent
 GATED = "while [ ! -e gate ]; do sleep 0.05; done; echo ran >> remote-runs.txt"
 # Long enough that no silence probe reads the task while the proxy holds the
 # subscription: the refusal, not a probe, must be what ends the turn here.
@@ -213,7 +212,7 @@ async def test_a_task_that_finishes_during_recovery_completes(tmp_path: Path) ->
                 proxy.url = url
                 # A real orchestrator process (tests/crash_parent.py), killed
                 # with SIGKILL while its remote child's task waits at the gate.
-                args = [str(HERE / "crash_parent.py"), str(store_path), "s1", str(workdir), url]
+                args = [str(CRASH / "crash_parent.py"), str(store_path), "s1", str(workdir), url]
                 parent = subprocess.Popen(
                     [sys.executable, *args],
                     stdout=subprocess.PIPE,

@@ -19,8 +19,8 @@ from a2a.client import A2AClientError
 from a2a.helpers import new_text_message
 from a2a.types import Role, SendMessageRequest, TaskState
 from a2a.utils.errors import A2AError
-from conftest import a2a_client, role_server
-from test_delegation import TRANSPORTS, config, session_for
+from support.servers import a2a_client, role_server
+from support.sessions import TRANSPORTS, config, session_for
 
 from a2a_orchestrator.control.plane import ControlPlane
 from a2a_orchestrator.control.supervisor import Supervisor

@@ -28,12 +28,12 @@ import httpx
 import pytest
 import uvicorn
 from a2a.types import GetTaskRequest, TaskState
-from conftest import a2a_client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
-from test_server import collect, user_message
+from support.messages import collect, user_message
+from support.servers import a2a_client
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
