@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.processes import journaled_processes, running_with_text, until_none_blocking
 
 from a2a_orchestrator.delegation.runner import boot_id
 from a2a_orchestrator.storage.store import ChildRecord, RunnerRecord, Store
@@ -128,8 +129,12 @@ def test_stop_signals_the_live_run_which_aborts_its_child(tmp_path: Path) -> Non
         status = cli("status", "--store", str(db), cwd=work)
         stop = cli("stop", session, "--store", str(db), "--server", NO_SERVER, cwd=work)
         out, err = process.communicate(timeout=20)
-        # Past the time the command would have touched its file.
-        time.sleep(max(0.0, command_at + 16.5 - time.monotonic()))
+        # Until nothing of the command runs, at most past the time it would
+        # have touched its file: a survivor would touch it.
+        until_none_blocking(
+            lambda: journaled_processes(db) + running_with_text(SLOW_COMMAND),
+            command_at + 16.5 - time.monotonic(),
+        )
         record = rows(db, "SELECT * FROM children WHERE child_id = ?", child)[0]
         runner = rows(db, "SELECT * FROM runners WHERE session_id = ?", session)[0]
         kinds = [r["kind"] for r in rows(db, "SELECT kind FROM events WHERE child_id = ?", child)]

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 from support.crash.crash_command import command_script, network
-from support.processes import CRASH
+from support.processes import CRASH, journaled_processes, running_with_text, until_none
 from support.servers import role_server, start_role_server
 from support.waiting import wait_for_text
 
@@ -219,8 +219,9 @@ async def test_kill_9_of_the_orchestrator_mid_command_runs_it_once(tmp_path: Pat
         ) as session:
             [handle] = await session.recover()
             result = await handle.result()
-        # Past the command's own time: a survivor would have written "end".
-        await anyio.sleep(3.5)
+        # Until nothing of the command runs, at most past its own time: a
+        # survivor would have written "end".
+        await until_none(lambda: journaled_processes(store_path) + running_with_text(COMMAND), 3.5)
     rows = await store.journal.unfinished()
     store.close()
     assert isinstance(result, Done), result
@@ -251,8 +252,9 @@ async def test_kill_9_of_a_role_server_mid_command_runs_it_once(tmp_path: Path) 
                 first = await handle.result()
                 await handle.send("go on")
                 second = await handle.result()
-            # Past the command's own time: a survivor would have written "end".
-            await anyio.sleep(3.5)
+            # Until nothing of the command runs, at most past its own time: a
+            # survivor would have written "end".
+            await until_none(lambda: journaled_processes(db) + running_with_text(COMMAND), 3.5)
     finally:
         store.close()
         process.send_signal(signal.SIGTERM)

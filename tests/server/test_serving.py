@@ -26,6 +26,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
+from support.ports import until_not_established
 from support.ui import orchestrator
 
 from a2a_orchestrator.server.serving import bind_socket, serve
@@ -292,7 +293,7 @@ async def test_a_closed_connection_whose_client_reads_nothing_is_let_go() -> Non
             client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
             client.connect(("127.0.0.1", port))
             client.sendall(b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            await anyio.sleep(3)
+            await until_not_established(client, 3)
             received, ended = await anyio.to_thread.run_sync(_read_to_the_end, client)
             tg.cancel_scope.cancel()
     assert ended == "reset", (received, ended)
@@ -322,7 +323,7 @@ async def test_reading_a_little_of_a_closed_connections_answer_buys_no_time() ->
             client.connect(("127.0.0.1", port))
             client.sendall(f"GET /x?kib={size // 1024} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
             first = await anyio.to_thread.run_sync(read_most_then_stop, client)
-            await anyio.sleep(3)
+            await until_not_established(client, 3)
             rest, ended = await anyio.to_thread.run_sync(_read_to_the_end, client)
             tg.cancel_scope.cancel()
     assert ended == "reset", (first, rest, ended)

@@ -27,6 +27,7 @@ import httpx
 import pytest
 from a2a.helpers import new_text_message
 from a2a.types import Role, SendMessageRequest
+from support.processes import running_with_text, until_none
 from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -364,7 +365,9 @@ async def test_the_command_dies_with_a_killed_server(work: Path, tmp_path: Path)
     # PID 1 reaps orphans is not ours to decide), and the command never got
     # to its last step.
     assert not alive(pgid, ticks)
-    await anyio.sleep(2.5)
+    # Until nothing runs the command, at most past the time its last step
+    # needed: a survivor outside the marked processes would write `late`.
+    await until_none(lambda: running_with_text("echo late > late"), 2.5)
     assert not (work / "late").exists()
     assert marked_processes(marker) == []
 
