@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support.cli import cli
 from support.ports import closed_port
 
 from a2a_orchestrator import __version__
@@ -37,19 +38,6 @@ OFFLINE = {
     "OPENAI_API_KEY": "",
     "A2A_MODEL_SCRIPT": "",
 }
-
-
-def cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 90
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        env={**os.environ, **OFFLINE, **(env or {})},
-    )
 
 
 @contextmanager

@@ -26,6 +26,8 @@ from typing import Any
 
 import anyio
 import pytest
+from support.cli import cli
+from support.servers import served_url
 
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.storage.store import Store
@@ -43,19 +45,6 @@ HOLD = "touch reached; while [ ! -e release ]; do sleep 0.1; done"
 
 def command(text: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "run_command", "arguments": {"command": text}}]}
-
-
-def cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-        env={**os.environ, **OFFLINE, **(env or {})},
-    )
 
 
 def rows(db: Path, sql: str, *params: Any) -> list[sqlite3.Row]:
@@ -86,11 +75,7 @@ def role_server(role: str, workdir: Path, env: dict[str, str]) -> Iterator[str]:
         env={**os.environ, **OFFLINE, **env},
     )
     try:
-        assert process.stdout is not None
-        first = process.stdout.readline()
-        match = re.search(r"serving A2A at (http://\S+)", first)
-        assert match, first + (process.stderr.read() if process.stderr else "")
-        yield match.group(1)
+        yield served_url(process)
     finally:
         process.terminate()
         try:

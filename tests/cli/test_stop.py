@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.cli import cli
 from support.processes import journaled_processes, running_with_text, until_none_blocking
 
 from a2a_orchestrator.delegation.runner import boot_id
@@ -40,19 +41,6 @@ NO_SERVER = "http://127.0.0.1:9"
 # Long enough that `status` and `stop` (two Python start-ups, seconds each on
 # a busy machine) surely land while it sleeps.
 SLOW_COMMAND = "sleep 15 && touch after.txt"
-
-
-def cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=60,
-        env={**os.environ, **OFFLINE, **(env or {})},
-    )
 
 
 def rows(db: Path, sql: str, *params: Any) -> list[sqlite3.Row]:

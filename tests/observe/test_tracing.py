@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from support.servers import served_url
 from support.sessions import session_for
 
 from a2a_orchestrator.cli.entry import service_name
@@ -143,11 +143,7 @@ def role_server(role: str, workdir: Path, env: dict[str, str]) -> Iterator[str]:
         env={**os.environ, **OFFLINE, **env},
     )
     try:
-        assert process.stdout is not None
-        first = process.stdout.readline()
-        match = re.search(r"serving A2A at (http://\S+)", first)
-        assert match, first + (process.stderr.read() if process.stderr else "")
-        yield match.group(1)
+        yield served_url(process)
     finally:
         process.terminate()
         try:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support.servers import served_url
 
 from a2a_orchestrator.control.reactions import load_reactions
 from a2a_orchestrator.delegation.hooks import CompleteInfo, Deny, SpawnInfo, load_hook_file
@@ -125,11 +126,7 @@ def serving(what: str, workdir: Path) -> Iterator[str]:
         env={**os.environ, **OFFLINE},
     )
     try:
-        assert process.stdout is not None
-        first = process.stdout.readline()
-        match = re.search(r"serving A2A at (http://\S+)", first)
-        assert match, first + (process.stderr.read() if process.stderr else "")
-        yield match.group(1)
+        yield served_url(process)
     finally:
         process.terminate()
         try:

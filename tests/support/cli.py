@@ -26,12 +26,16 @@ OFFLINE = {
 }
 
 
-def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`a2a-orchestrator ARGS` run to its end, offline (no model endpoint
+    from the environment) unless `env` names one."""
     return subprocess.run(
         [*CLI, *args],
         capture_output=True,
         text=True,
         cwd=cwd,
         timeout=timeout,
-        env={**os.environ, **OFFLINE},
+        env={**os.environ, **OFFLINE, **(env or {})},
     )

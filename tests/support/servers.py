@@ -121,11 +121,7 @@ def start_role_server(
         text=True,
         env=env,
     )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"serving A2A at (http://\S+)", line)
-    assert match, line + (process.stderr.read() if process.stderr else "")
-    return process, match.group(1)
+    return process, served_url(process)
 
 
 @contextmanager
@@ -143,7 +139,7 @@ def serve_process(
     try:
         assert process.stdout is not None
         banner = [process.stdout.readline()]
-        match = re.search(r"serving A2A at (http://\S+)", banner[0])
+        match = BANNER.search(banner[0])
         assert match, banner[0] + (process.stderr.read() if process.stderr else "")
         while not banner[-1].startswith("  auth:"):
             banner.append(process.stdout.readline())
@@ -187,3 +183,17 @@ async def network_up(stack: AsyncExitStack, workdir: Path, parent_script: Any = 
         )
     )
     return orchestrator.url
+
+
+# The first line `serve` prints once it listens.
+BANNER = re.compile(r"serving A2A at (http://\S+)")
+
+
+def served_url(process: subprocess.Popen[str]) -> str:
+    """The URL on the first line of `serve`'s banner; fails with that line
+    and the server's stderr when it names none (the server did not start)."""
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    match = BANNER.search(first)
+    assert match, first + (process.stderr.read() if process.stderr else "")
+    return match.group(1)
