@@ -12,7 +12,6 @@ import contextlib
 import functools
 import re
 import socket
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from support.ports import until_not_established
+from support.ports import until_not_established, until_not_established_blocking
 from support.ui import orchestrator
 
 from a2a_orchestrator.server.serving import bind_socket, serve
@@ -234,12 +233,13 @@ async def test_the_rest_of_a_body_answered_unread_cannot_be_trickled_for_ever() 
 
 def _pipelined_unread(port: int, count: int, unread_for: float) -> tuple[int, str]:
     """Ask for the asset `count` times at once, read nothing for `unread_for`
-    seconds, then read: the bytes received and how the connection ended."""
+    seconds (or until the server ends the connection), then read: the bytes
+    received and how the connection ended."""
     with socket.socket() as client:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(("127.0.0.1", port))
         client.sendall(b"GET /ui/static/ui.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * count)
-        time.sleep(unread_for)
+        until_not_established_blocking(client, unread_for)
         return _read_to_the_end(client)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import anyio
 
@@ -37,8 +38,19 @@ async def until_not_established(client: socket.socket, within: float) -> None:
     which neither reads the socket's bytes nor clears its error, so what
     the test reads afterwards is what it would have read then."""
     with anyio.move_on_after(within):
-        while client.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_ESTABLISHED:
+        while _state(client) == TCP_ESTABLISHED:
             await anyio.sleep(0.02)
 
 
 TCP_ESTABLISHED = 1  # tcpi_state, the first byte of Linux's struct tcp_info
+
+
+def until_not_established_blocking(client: socket.socket, within: float) -> None:
+    """`until_not_established` for a thread that is not async."""
+    deadline = time.monotonic() + within
+    while _state(client) == TCP_ESTABLISHED and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _state(client: socket.socket) -> int:
+    return client.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
