@@ -9,10 +9,10 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import anyio
 import pytest
+from support.tools import call
 
 from a2a_orchestrator.errors import ConfigError, PathOutsideWorkdirError, ToolError
 from a2a_orchestrator.tools import TOOL_NAMES, Tool, Workspace, build_tools
@@ -32,20 +32,8 @@ def outside(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "work"
-    root.mkdir()
-    return Workspace(root)
-
-
-@pytest.fixture
 def tools(ws: Workspace) -> dict[str, Tool]:
     return {t.name: t for t in build_tools(FILE_TOOLS, ws)}
-
-
-async def call(tool: Tool, **args: Any) -> str:
-    with anyio.fail_after(10):
-        return await tool.run(args)
 
 
 def open_fds() -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.tools import call
 
 from a2a_orchestrator.errors import ConfigError, PathOutsideWorkdirError, ToolError
 from a2a_orchestrator.tools import TOOL_NAMES, Tool, Workspace, build_tools
@@ -34,20 +35,8 @@ def outside(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "work"
-    root.mkdir()
-    return Workspace(root)
-
-
-@pytest.fixture
 def tools(ws: Workspace) -> dict[str, Tool]:
     return {t.name: t for t in build_tools(TOOL_NAMES, ws)}
-
-
-async def call(tool: Tool, **args: Any) -> str:
-    with anyio.fail_after(10):
-        return await tool.run(args)
 
 
 def names(directory: Path) -> list[str]:

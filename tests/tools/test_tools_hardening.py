@@ -9,10 +9,10 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
+from support.tools import call
 
 from a2a_orchestrator.errors import PathOutsideWorkdirError, ToolError
 from a2a_orchestrator.tools import TOOL_NAMES, Tool, Workspace, build_tools, reserved, sandbox
@@ -25,20 +25,8 @@ FILE_TOOLS = [name for name in TOOL_NAMES if name != "run_command"]
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "work"
-    root.mkdir()
-    return Workspace(root)
-
-
-@pytest.fixture
 def tools(ws: Workspace) -> dict[str, Tool]:
     return {t.name: t for t in build_tools(FILE_TOOLS, ws)}
-
-
-async def call(tool: Tool, **args: Any) -> str:
-    with anyio.fail_after(10):
-        return await tool.run(args)
 
 
 def tree(directory: Path) -> dict[str, str]:
