@@ -1,6 +1,7 @@
 """Helpers the tests share: servers, processes, ports, CLI runners, sessions.
 
-Test modules import from here (`from support.servers import role_server`);
-`conftest.py` holds only fixtures. tests/ is on sys.path (pytest puts the
-root conftest's folder there), so `support` imports in every folder.
+Test modules import from here (`from support.servers import role_server`),
+never from one another, so each file runs alone too; `conftest.py` holds
+only fixtures. tests/ is on pytest's `pythonpath` (pyproject), and a script
+run from here by path (`crash/`) imports only the package.
 """
