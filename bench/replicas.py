@@ -3,7 +3,7 @@
     python bench/replicas.py [--children 200] [--quick]
 
 For each replica count, a fresh database on a throwaway PostgreSQL
-(Debian's binaries, tests/postgres.py), that many `a2a-orchestrator serve
+(Debian's binaries, tests/support/postgres.py), that many `a2a-orchestrator serve
 coder --db postgresql+asyncpg://...` processes (instant scripted model)
 and HAProxy (Debian's `haproxy`) in front of them, balancing as
 deploy/haproxy.cfg does (least connections). One Session (remote transport)
@@ -36,9 +36,9 @@ from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.runtime.events import Done
 from a2a_orchestrator.storage.store import Store
 
-# The throwaway PostgreSQL of the tests (tests/postgres.py) serves the bench too.
+# The throwaway PostgreSQL of the tests (tests/support/postgres.py) serves the bench too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from postgres import Postgres, Unavailable, running_postgres
+from support.postgres import Postgres, Unavailable, running_postgres
 
 CARD = "/.well-known/agent-card.json"
 
