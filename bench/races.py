@@ -9,7 +9,7 @@ that moment) is counted apart: it shows the race was really run.
 
     python bench/races.py --trials 3000   (--quick: 100 calls per tool)
 
-The test suite runs the same races, smaller (`tests/test_confinement.py`).
+The test suite runs the same races, smaller (`tests/tools/test_confinement.py`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ DEFAULT_TOKEN_ENV = "A2A_AUTH_TOKEN"
 DEFAULT_STORE = Path(".a2a") / "orchestrator.db"
 EXIT_CODES: dict[str, int] = {"TASK_DONE": 0, "TASK_FAILED": 1, "TASK_SKIPPED": 3}
 """`run` and `demo` exit with the task's signal (`pipeline.Signal`, each one
-here: tests/test_cli.py checks); 2 means bad usage or configuration. Keyed by
+here: tests/cli/test_cli.py checks); 2 means bad usage or configuration. Keyed by
 plain strings so this module imports nothing of the package."""
 NO_SIGNAL_EXIT = 4
 """`run --parent`'s exit code for `outcome.NO_SIGNAL` (none of `EXIT_CODES`, nor 2)."""

@@ -1,7 +1,7 @@
 """Route wrappers that answer bad input with the error the A2A spec names
 where a2a-sdk 1.3's own routes answer 500 or cut the connection.
 
-What they cover (each found by fuzzing the served routes; `tests/test_guards.py`):
+What they cover (each found by fuzzing the served routes; `tests/properties/test_guards.py`):
 
 - JSON-RPC (`/`): a body that is not UTF-8, or JSON nested past Python's
   recursion limit, gets -32603 internal error from the SDK; it is a parse

@@ -19,8 +19,8 @@ character classes), and each piece is priced by what it holds:
 The rates were fitted against cl100k_base, the larger of the two OpenAI
 vocabularies in use for CJK and Cyrillic text (o200k_base counts those 15-45%
 lower, the same within a few percent elsewhere), so a budget errs towards a
-shorter cut. `tests/token_calibration.json` holds the texts and their real
-counts; `tests/test_tokens.py` keeps the estimate within 15% of each.
+shorter cut. `tests/runtime/token_calibration.json` holds the texts and their real
+counts; `tests/runtime/test_tokens.py` keeps the estimate within 15% of each.
 
 Every piece costs at least one token per `_MIN_CHARS_PER_TOKEN` characters,
 so a scan can stop as soon as a budget is spent: counting against a budget

@@ -1,6 +1,6 @@
 """Orchestrator replicas on one PostgreSQL store: leases, and takeover after SIGKILL.
 
-Real parts only: a PostgreSQL server (tests/postgres.py), `serve
+Real parts only: a PostgreSQL server (tests/support/postgres.py), `serve
 orchestrator` processes, a role server on 127.0.0.1; the models are
 scripted (the parent's from a file, the children's in the role server).
 """

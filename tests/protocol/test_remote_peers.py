@@ -2,7 +2,7 @@
 
 Each peer here is a real HTTP server on 127.0.0.1 (Starlette under uvicorn)
 that replays what a stock agent answered our client, recorded through a
-proxy (`tests/peers/*.json`, see each file's `recorded`): fasta2a 2.1.1
+proxy (`tests/protocol/peers/*.json`, see each file's `recorded`): fasta2a 2.1.1
 (naive timestamps in a stream that opens with SUBMITTED) and fasta2a 0.6.1
 (A2A v0.3 card without supportedInterfaces, HTTP 500 without
 `acceptedOutputModes`, SUBMITTED answers to a blocking send, naive

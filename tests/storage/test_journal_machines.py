@@ -5,7 +5,7 @@ live local process; only its owner, or the lease that replaced it, closes it.
 
 Real parts: a real `sleep` in its own process group, the orchestrator's
 SQLite store, the PostgreSQL store of orchestrator replicas and the role
-replicas' shared journal on a real PostgreSQL (`tests/postgres.py`). The
+replicas' shared journal on a real PostgreSQL (`tests/support/postgres.py`). The
 other machine's rows are written by the journal's own `started` and
 `process`, with the runner identity (`journal._RUNNER`) that machine would
 have: no second machine is at hand, and that identity is all a row carries

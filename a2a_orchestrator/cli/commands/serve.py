@@ -49,7 +49,7 @@ ROLE_ONLY = {
 }
 """`serve` options a role server reads and the orchestrator does not, with
 why: given to `serve orchestrator`, they are refused rather than ignored
-(tests/test_serve_flags.py walks every option against both kinds)."""
+(tests/cli/test_serve_flags.py walks every option against both kinds)."""
 ORCHESTRATOR_ONLY = {
     "store": "a role server keeps its tasks in --db; the orchestrator's sessions are "
     "what --store holds",

@@ -210,7 +210,7 @@ async def test_a_task_that_finishes_during_recovery_completes(tmp_path: Path) ->
             proxy = HoldingProxy(server.url)
             async with serving(proxy.app(http)) as url:
                 proxy.url = url
-                # A real orchestrator process (tests/crash_parent.py), killed
+                # A real orchestrator process (tests/support/crash/crash_parent.py), killed
                 # with SIGKILL while its remote child's task waits at the gate.
                 args = [str(CRASH / "crash_parent.py"), str(store_path), "s1", str(workdir), url]
                 parent = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""An orchestrator process with a child in push mode, for tests/test_push.py.
+"""An orchestrator process with a child in push mode, for tests/server/test_push.py.
 
 Run as `python crash_push.py STORE SESSION WORKDIR REMOTE_URL`: it serves
 its webhook endpoint (`PushReceiver`) on a free port of 127.0.0.1, spawns
