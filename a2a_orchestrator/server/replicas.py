@@ -21,7 +21,7 @@ role's executor, plus what lets N processes serve one role together.
   (or at its next write, whichever comes first) and aborts the turn.
 - Adoption: a lease not renewed for `lease` seconds is a dead replica's.
   Another replica takes it over (one wins: the update is atomic), closes the
-  dead turn's open tool calls as interrupted (`sharedjournal.py`; nothing is
+  dead turn's open tool calls as interrupted (`journal.py`, shared; nothing is
   run again silently), rebuilds the conversation from the stored history
   and continues the task's turn where the history ends, through the SDK's
   own task machinery, so its events are stored and streamed as any other.
@@ -56,7 +56,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigError
 from ..storage.clusterstore import ClusterStores
-from ..storage.sharedjournal import SharedToolJournal
+from ..storage.database.postgres import PgDatabase
+from ..storage.journal import ToolJournal
 from ..storage.task_leases import Claim, Leases, StaleLease
 from ..storage.taskstore import TaskOwner
 from .executor import RoleExecutor
@@ -121,7 +122,9 @@ class ReplicaExecutor(RoleExecutor):
     ) -> None:
         """`RoleExecutor`'s arguments (its journal is the shared one), the
         replicas' `cluster` stores and this replica's `settings`."""
-        journal = SharedToolJournal(cluster.engine)
+        # The journal on asyncpg, a connection of its own to the cluster's database.
+        url = cluster.engine.url.render_as_string(hide_password=False)
+        journal = ToolJournal(PgDatabase.open(url, "tool-call journal"), shared=True)
         super().__init__(*args, journal=journal, task_store=cluster.tasks, **kwargs)
         self.shared_journal = journal
         self.cluster = cluster

@@ -43,8 +43,10 @@ from sqlite_utils.db import NotFoundError
 from sqlite_utils.migrations import Migrations
 
 from ..runtime.budgets import Spend
+from .database.sqlite import SQLiteDatabase, create_table
 from .groupcommit import GroupWriter
-from .journal import ToolJournal, create_table
+from .journal import TABLE as JOURNAL_TABLE
+from .journal import ToolJournal
 from .sqlitefile import SQLiteFile
 
 __all__ = [
@@ -222,7 +224,7 @@ def m004_remote_identity(db: sqlite_utils.Database) -> None:
 @MIGRATIONS()
 def m005_tool_calls(db: sqlite_utils.Database) -> None:
     # The tool-call journal of in-process children (see `journal`).
-    create_table(db.conn)
+    create_table(db.conn, JOURNAL_TABLE)
 
 
 @MIGRATIONS()
@@ -275,7 +277,7 @@ def m007_push_tokens(db: sqlite_utils.Database) -> None:
 def m008_tool_call_host(db: sqlite_utils.Database) -> None:
     # Journal rows name their runner's host (`journal.recovery`); the
     # table's own check adds the column.
-    create_table(db.conn)
+    create_table(db.conn, JOURNAL_TABLE)
 
 
 @MIGRATIONS()
@@ -447,7 +449,7 @@ class Store:
         MIGRATIONS.apply(self._db)
         self._run = self._file.run
         self._write = GroupWriter(self._file).write
-        self.journal = ToolJournal(self._file)
+        self.journal = ToolJournal(SQLiteDatabase(self._file))
         """The tool-call journal of this store's in-process children (scope: child id)."""
 
     def close(self) -> None:
