@@ -99,7 +99,8 @@ async def test_the_task_a_message_opened_is_found_by_the_messages_id(
     from a2a.server.tasks import InMemoryTaskStore
     from a2a.types import Message
 
-    from a2a_orchestrator.storage.taskstore import ObservedTaskStore, task_opened_by
+    from a2a_orchestrator.storage.observed import observed
+    from a2a_orchestrator.storage.taskstore import task_opened_by
 
     ours = SQLiteTaskStore(tmp_path / "t.db", coalesce=60.0)
     inner = ours if kind == "ours" else InMemoryTaskStore()
@@ -107,7 +108,7 @@ async def test_the_task_a_message_opened_is_found_by_the_messages_id(
     async def saved(task: Task, context: ServerCallContext) -> None:
         return None
 
-    store = ObservedTaskStore(inner, saved)  # as a role server wraps it
+    store = observed(inner, saved)  # as a role server wraps it
     me, other = as_user("me"), as_user("other")
     # The id's bytes in a text, under another id: found by bytes, not by id.
     decoy = Message(message_id="m-open").SerializeToString().decode()

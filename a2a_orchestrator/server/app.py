@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,6 @@ from a2a.types import (
     SecurityRequirement,
     SecurityScheme,
     StringList,
-    Task,
     TaskState,
     TaskStatus,
 )
@@ -77,7 +76,8 @@ from ..runtime.factory import CONTROL_ACTIONS
 from ..runtime.overrides import offered_models
 from ..runtime.roles import Role
 from ..storage.journal import ToolJournal
-from ..storage.taskstore import ObservedTaskStore, SQLiteTaskStore, TaskOwner
+from ..storage.observed import observed as observing
+from ..storage.taskstore import SQLiteTaskStore, TaskOwner
 from ..tools import Sandbox, Workspace
 from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .auth.access import Access
@@ -402,11 +402,7 @@ def build_app(
     watchers.append(metrics.task_saved if metrics is not None else None)
     for on_save in watchers:
         if on_save is not None:
-            observed = (
-                ObservedTaskStore(observed, on_save)
-                if isinstance(observed, TaskStore)
-                else _observed(observed, on_save)
-            )
+            observed = observing(observed, on_save)
     if isinstance(executor, RoleExecutor):
         # The executor reads a context's earlier tasks through the same store,
         # and hears of each save (a new task's turn waits for its first one).
@@ -522,14 +518,6 @@ def _metrics(**kwargs: Any) -> Metrics:
     from ..observe.metrics import Metrics
 
     return Metrics(**kwargs)
-
-
-def _observed(
-    store: VersionedTaskStore, on_save: Callable[[Task, ServerCallContext], Awaitable[None]]
-) -> VersionedTaskStore:
-    from ..storage.clusterstore import ObservedVersionedStore
-
-    return ObservedVersionedStore(store, on_save)
 
 
 def _no_limits(owner: str) -> Limits:
