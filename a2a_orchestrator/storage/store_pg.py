@@ -3,7 +3,7 @@
 The same store as `store.Store` (sessions, children, events, turn usage,
 subscriptions, runners, the tool-call journal), with the same contract, in
 a PostgreSQL database several orchestrator processes share; plus session
-leases (`session_leases`), which say which replica runs each session
+leases (`leases`, `leases.py`), which say which replica runs each session
 (`session_leases.py`).
 
 Contract (what differs from the SQLite store, and why):
@@ -30,12 +30,14 @@ import json
 import time
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 from ..runtime.budgets import Spend
 from .database.postgres import PgConnection, PgDatabase, PgGroupWriter, Tx
 from .journal import ToolJournal
+from .leases import TABLE as LEASES_TABLE
+from .leases import LeaseTable
 from .store import (
     _SPEND_COLUMNS,
     ROOT_ID,
@@ -50,7 +52,7 @@ from .store import (
     _usage_values,
 )
 
-__all__ = ["MIGRATIONS", "Lease", "PgStore"]
+__all__ = ["MIGRATIONS", "PgStore"]
 
 T = TypeVar("T")
 
@@ -135,28 +137,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         ON CONFLICT (uuid) DO NOTHING;
         """,
     ),
+    (
+        "m005_leases",
+        # Session leases move to the one leases table, which role server
+        # replicas use for conversations too (`leases.py`), the live ones kept.
+        ";\n".join((LEASES_TABLE.create_statement, *LEASES_TABLE.indexes))
+        + """;
+        INSERT INTO a2a_leases (kind, key, holder, url, turns, expires_at)
+        SELECT 'session', session_id, owner, url, 1, expires_at FROM session_leases;
+        DROP TABLE session_leases;
+        """,
+    ),
 ]
 """(name, SQL) in order; each applied once per database (`a2a_migrations`).
 The tool-call journal's table is the journal's (`journal.TABLE`, created by
 it); a database made before keeps `m003_tool_call_host` among the names
 applied, the step that table's `added` columns now take."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Lease:
-    """A session's lease: the replica that runs it, and for how long yet."""
-
-    session_id: str
-    owner: str
-    """The replica's id."""
-    url: str
-    """Where the replica serves (requests for the session go there)."""
-    expires_in: float
-    """Seconds until it expires by the database's clock (negative: expired)."""
-
-    @property
-    def live(self) -> bool:
-        return self.expires_in > 0
 
 
 def _sums() -> str:
@@ -186,6 +182,8 @@ class PgStore(Store):
         self._pg = PgConnection(url, "store", MIGRATIONS)
         self._write_pg = PgGroupWriter(self._pg).write
         self.journal = ToolJournal(PgDatabase(self._pg))
+        self.leases = LeaseTable(self._pg, "session")
+        """Which replica runs each session (`leases.py`, `session_leases.py`)."""
 
     def close(self) -> None:
         self._pg.close()
@@ -429,80 +427,6 @@ class PgStore(Store):
             (session_id, child_id),
         )
         return _spend(rows[0])
-
-    # -- leases -------------------------------------------------------------------
-
-    async def claim_lease(self, session_id: str, owner: str, url: str, seconds: float) -> Lease:
-        """Take (or renew) the session's lease for `owner` unless another
-        replica holds a live one; the lease as it stands after (its owner
-        says who won)."""
-
-        async def claim(tx: Tx) -> Lease:
-            await tx.execute(
-                "INSERT INTO session_leases (session_id, owner, url, expires_at, claimed_at) "
-                f"VALUES (?, ?, ?, {_NOW} + ?::float8, {_NOW}) "
-                "ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, "
-                "url = EXCLUDED.url, expires_at = EXCLUDED.expires_at, "
-                "claimed_at = EXCLUDED.claimed_at "
-                "WHERE session_leases.owner = EXCLUDED.owner "
-                "OR session_leases.expires_at < EXCLUDED.claimed_at",
-                (session_id, owner, url, seconds),
-            )
-            row = await tx.fetchrow(_LEASE_SELECT + " WHERE session_id = ?", (session_id,))
-            assert row is not None  # inserted or kept just now, in this transaction
-            return _lease(row)
-
-        return await self._write_pg(claim)
-
-    async def renew_leases(
-        self, owner: str, session_ids: Iterable[str], seconds: float
-    ) -> set[str]:
-        """Extend `owner`'s leases of these sessions; the ones it still holds."""
-        wanted = list(session_ids)
-        if not wanted:
-            return set()
-        rows = await self._execute(
-            f"UPDATE session_leases SET expires_at = {_NOW} + ?::float8 "
-            "WHERE owner = ? AND session_id = ANY(?) RETURNING session_id",
-            (seconds, owner, wanted),
-        )
-        return {r["session_id"] for r in rows}
-
-    async def release_lease(self, session_id: str, owner: str, *, hand_off: bool) -> None:
-        """Let go of `owner`'s lease: drop it (the session closed, nothing to
-        take over), or `hand_off` (expire it now: another replica takes the
-        session over at once)."""
-        if hand_off:
-            sql = "UPDATE session_leases SET expires_at = 0 WHERE session_id = ? AND owner = ?"
-        else:
-            sql = "DELETE FROM session_leases WHERE session_id = ? AND owner = ?"
-        await self._execute(sql, (session_id, owner))
-
-    async def lease(self, session_id: str) -> Lease | None:
-        rows = await self._query(_LEASE_SELECT + " WHERE session_id = ?", (session_id,))
-        return _lease(rows[0]) if rows else None
-
-    async def expired_leases(self, owner: str) -> list[Lease]:
-        """Other replicas' leases that expired (their sessions need a new owner)."""
-        rows = await self._query(
-            _LEASE_SELECT + f" WHERE owner <> ? AND expires_at < {_NOW} ORDER BY expires_at",
-            (owner,),
-        )
-        return [_lease(r) for r in rows]
-
-
-_LEASE_SELECT = (
-    f"SELECT session_id, owner, url, expires_at - {_NOW} AS expires_in FROM session_leases"
-)
-
-
-def _lease(row: Mapping[str, Any]) -> Lease:
-    return Lease(
-        session_id=row["session_id"],
-        owner=row["owner"],
-        url=row["url"],
-        expires_in=float(row["expires_in"]),
-    )
 
 
 def _where(equal: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
