@@ -19,7 +19,7 @@ from postgres import Postgres
 
 from a2a_orchestrator.models.base import ToolCall
 from a2a_orchestrator.storage.journal import TABLE, ToolJournal
-from a2a_orchestrator.storage.store_pg import MIGRATIONS, PgStore
+from a2a_orchestrator.storage.store_pg import PG_HISTORY, PgStore
 
 pytestmark = pytest.mark.anyio
 
@@ -57,7 +57,7 @@ async def test_a_postgresql_store_made_before_opens_and_its_journal_migrates(
                 "CREATE TABLE a2a_migrations "
                 "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
             )
-            for name, sql in MIGRATIONS[:2]:
+            for name, sql in PG_HISTORY[:2]:
                 await conn.execute(sql)
                 await conn.execute("INSERT INTO a2a_migrations VALUES ($1, $2)", name, time.time())
             await conn.execute(_OLD_TOOL_CALLS)
@@ -89,7 +89,7 @@ async def test_a_postgresql_store_made_before_opens_and_its_journal_migrates(
     assert rows[1].runner_host
     assert sessions == []
     # The later store migrations ran (m003's step is the journal's now).
-    assert {name for name, _ in MIGRATIONS} <= applied
+    assert {name for name, _ in PG_HISTORY} <= applied
 
 
 async def test_every_journal_database_gets_the_one_table(

@@ -16,7 +16,7 @@ from postgres import Postgres
 
 from a2a_orchestrator.storage.database.postgres import PgConnection
 from a2a_orchestrator.storage.leases import ConversationLeases, StaleLease
-from a2a_orchestrator.storage.store_pg import MIGRATIONS, PgStore
+from a2a_orchestrator.storage.store_pg import PG_HISTORY, PgStore
 
 pytestmark = pytest.mark.anyio
 
@@ -70,7 +70,7 @@ async def test_a_store_made_before_keeps_its_live_session_leases(postgres: Postg
                 "CREATE TABLE a2a_migrations "
                 "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
             )
-            for name, sql in MIGRATIONS[:3]:
+            for name, sql in PG_HISTORY[:3]:
                 await conn.execute(sql)
                 await conn.execute("INSERT INTO a2a_migrations VALUES ($1, $2)", name, time.time())
             await conn.execute(

@@ -154,11 +154,22 @@ class PgConnection:
 class PgDatabase:
     """A `PgConnection` as a `Database` (see `database/__init__.py`)."""
 
+    dialect = "postgresql"
+
     def __init__(self, connection: PgConnection, *, own: bool = False) -> None:
         """`own`: `close` closes the connection (else its owner does)."""
         self.connection = connection
         self.what = connection.what
         self._own = own
+        self._writer: PgGroupWriter | None = None
+
+    async def write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        if self._writer is None:
+            self._writer = PgGroupWriter(self.connection)
+        return await self._writer.write(fn)
+
+    async def read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        return await self.connection.run(fn)
 
     @classmethod
     def open(cls, url: str, what: str) -> PgDatabase:
