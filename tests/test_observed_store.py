@@ -1,4 +1,4 @@
-"""One observing task-store wrapper (`storage.observed`) for both kinds of
+"""One observing task-store wrapper (`storage.tasks.observed`) for both kinds of
 a2a-sdk task store: listeners are told of each save after it is stored, in
 the order added; observing an observed store gives one wrapper of the same
 store (no wrapper around a wrapper) and leaves the one given as it was; a
@@ -17,8 +17,8 @@ from a2a.server.tasks import TaskStore
 from a2a.types import Task, TaskState, TaskStatus
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from a2a_orchestrator.storage.observed import OnSave, inside, observed
-from a2a_orchestrator.storage.taskstore import SQLiteTaskStore, TaskOwner
+from a2a_orchestrator.storage.tasks.observed import OnSave, inside, observed
+from a2a_orchestrator.storage.tasks.sqlite import SQLiteTaskStore, TaskOwner
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ from conftest import a2a_client, role_server
 from starlette.authentication import SimpleUser
 
 from a2a_orchestrator.protocol.wire import EVENT_KEY
-from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
+from a2a_orchestrator.storage.tasks.sqlite import SQLiteTaskStore
 
 pytestmark = pytest.mark.anyio
 
@@ -99,8 +99,8 @@ async def test_the_task_a_message_opened_is_found_by_the_messages_id(
     from a2a.server.tasks import InMemoryTaskStore
     from a2a.types import Message
 
-    from a2a_orchestrator.storage.observed import observed
-    from a2a_orchestrator.storage.taskstore import task_opened_by
+    from a2a_orchestrator.storage.tasks.observed import observed
+    from a2a_orchestrator.storage.tasks.sqlite import task_opened_by
 
     ours = SQLiteTaskStore(tmp_path / "t.db", coalesce=60.0)
     inner = ours if kind == "ours" else InMemoryTaskStore()
@@ -287,7 +287,7 @@ async def test_a_role_server_writes_a_turn_at_its_tool_results_and_its_end(
     from test_server import collect, task_id_of, user_message
 
     from a2a_orchestrator.server import app as server_module
-    from a2a_orchestrator.storage import taskstore
+    from a2a_orchestrator.storage.tasks import sqlite as taskstore
 
     # Real time would let the timer write a held frame on a loaded machine;
     # a long delay leaves the writes to the rules this test is about.
@@ -391,7 +391,7 @@ async def test_a_task_saved_frame_by_frame_round_trips_and_each_message_is_writt
     from a2a.types import Role
 
     from a2a_orchestrator.protocol.wire import write_at_once
-    from a2a_orchestrator.storage import taskstore
+    from a2a_orchestrator.storage.tasks import sqlite as taskstore
 
     written: list[int] = []
     original = taskstore.write_rows
@@ -614,6 +614,6 @@ async def test_a_file_of_the_whole_task_layout_is_read_and_migrated(tmp_path: Pa
 def test_the_head_is_every_field_of_a_task_but_its_history() -> None:
     """The head is built field by field: a field a newer SDK adds to Task
     must be added there, or the store would drop it."""
-    from a2a_orchestrator.storage.taskrows import HEAD_FIELDS
+    from a2a_orchestrator.storage.tasks.rows import HEAD_FIELDS
 
     assert {field.name for field in Task.DESCRIPTOR.fields} - {"history"} == HEAD_FIELDS

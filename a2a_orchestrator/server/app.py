@@ -76,8 +76,8 @@ from ..runtime.factory import CONTROL_ACTIONS
 from ..runtime.overrides import offered_models
 from ..runtime.roles import Role
 from ..storage.journal import ToolJournal
-from ..storage.observed import observed as observing
-from ..storage.taskstore import SQLiteTaskStore, TaskOwner
+from ..storage.tasks.observed import observed as observing
+from ..storage.tasks.sqlite import SQLiteTaskStore, TaskOwner
 from ..tools import Sandbox, Workspace
 from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .auth.access import Access
@@ -683,7 +683,7 @@ async def run_role_server(
     event_stream: TaskEventStream | None = None
     task_store: TaskStore | VersionedTaskStore
     if is_replica_url(db):
-        from ..storage.clusterstore import ClusterStores
+        from ..storage.tasks.cluster import ClusterStores
         from .replicas import ReplicaExecutor, ReplicaSettings
 
         cluster = ClusterStores.on(_engine(db))

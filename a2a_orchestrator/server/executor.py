@@ -83,8 +83,8 @@ from ..runtime.roles import Role
 from ..runtime.selectors import Selector
 from ..runtime.transcript import rebuild_transcript
 from ..storage.journal import JournalRow, ToolJournal, lost_announcements, unanswered
-from ..storage.observed import observed
-from ..storage.taskstore import context_tasks
+from ..storage.tasks.observed import observed
+from ..storage.tasks.sqlite import context_tasks
 from ..tools import Sandbox, Workspace
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ class RoleExecutor(AgentExecutor):
         cannot lose a task whose tools ran) and the executor never writes a
         task the SDK writes too."""
         self._hears_saves = True
-        # Of the same kind: the replicas' versioned store (clusterstore.py)
+        # Of the same kind: the replicas' versioned store (tasks/cluster.py)
         # stays versioned, so the request handler still streams across replicas.
         return observed(store, self._saved)
 

@@ -80,7 +80,7 @@ from ..protocol.wire import (
 )
 from ..runtime.factory import CONTROL_ACTIONS
 from ..runtime.selectors import Selector
-from ..storage.taskstore import context_owners, task_opened_by
+from ..storage.tasks.sqlite import context_owners, task_opened_by
 from .auth.quotas import Quotas, refusal
 from .executor import NEW_CONTEXT, RoleExecutor
 from .streams import StreamSlots

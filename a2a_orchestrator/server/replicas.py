@@ -4,7 +4,7 @@
 role's executor, plus what lets N processes serve one role together.
 
 - Reads and streams: the tasks live in a2a-sdk's versioned store and every
-  applied event in its log (`clusterstore.py`), so any replica answers
+  applied event in its log (`tasks/cluster.py`), so any replica answers
   GetTask and ListTasks, and SubscribeToTask on a replica that does not run
   the task tails the log (the live events of the replica that does).
 - Leases (`leases.py`): a turn runs only under its conversation's lease,
@@ -55,11 +55,11 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigError, StoreError
-from ..storage.clusterstore import ClusterStores
 from ..storage.database.postgres import PgConnection, PgDatabase
 from ..storage.journal import ToolJournal
 from ..storage.leases import Claim, ConversationLeases, StaleLease
-from ..storage.taskstore import TaskOwner
+from ..storage.tasks.cluster import ClusterStores
+from ..storage.tasks.sqlite import TaskOwner
 from .executor import RoleExecutor
 
 if TYPE_CHECKING:

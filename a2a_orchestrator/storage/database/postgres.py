@@ -3,7 +3,7 @@
 
 asyncpg is the one PostgreSQL driver of the stores (a read through it cost
 0.12 ms of CPU against 0.93 ms through SQLAlchemy's async layer; a2a-sdk's
-cluster task store alone keeps SQLAlchemy's engine, `clusterstore.py`).
+cluster task store alone keeps SQLAlchemy's engine, `tasks/cluster.py`).
 
 Contract:
 - `PgConnection`: one asyncpg connection, one call at a time (an anyio

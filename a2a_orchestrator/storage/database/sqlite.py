@@ -118,9 +118,11 @@ class SQLiteDatabase:
         self.file = file
         self.what = file.what
         self._own = own
-        self._writer = writer or GroupWriter(file)
+        self._writer = writer
 
     async def write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        if self._writer is None:
+            self._writer = GroupWriter(self.file)
         return await self._writer.write(lambda conn: drive(fn(SQLiteTx(conn))))  # type: ignore[arg-type]
 
     async def read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:

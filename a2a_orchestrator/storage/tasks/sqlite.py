@@ -4,7 +4,7 @@ Why not the SDK's `DatabaseTaskStore` for a role server's own file: through
 SQLAlchemy's async layer and aiosqlite, each save or get costs about 2 ms
 here, and the SDK saves the task on every event, so a five-event turn spent
 ~40 ms in the store (bench/delegation.py). This store keeps each task as
-protobuf bytes in rows (`taskrows`: the task without its history in one
+protobuf bytes in rows (`rows`: the task without its history in one
 row, each history message in a row of its own) and runs plain sqlite3: a
 few hundred microseconds a call in a worker thread, and its writes and
 indexed reads run on the event loop when the file is free
@@ -72,9 +72,9 @@ from a2a.types import (
 )
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 
+from ..sqlitefile import SQLiteFile
 from .observed import inside
-from .sqlitefile import SQLiteFile
-from .taskrows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
+from .rows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
 
 __all__ = [
     "Listing",
@@ -110,7 +110,7 @@ class _Known:
     head: bytes
     """The task without its history, serialized."""
     history: list[bytes]
-    """Its history messages in order, each a `history` entry (`taskrows.entries`)."""
+    """Its history messages in order, each a `history` entry (`rows.entries`)."""
     last_id: str
     """The last history message's id: a save whose history has another
     message at that place does not extend this one."""

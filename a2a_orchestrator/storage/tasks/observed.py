@@ -3,7 +3,7 @@
 The one observing wrapper of a role server's task stores, for either kind
 a2a-sdk has: a `TaskStore` (a role server's own SQLite file,
 `SQLiteTaskStore`, or the SDK's database store) and a `VersionedTaskStore`
-(the replicas' shared store, `clusterstore.py`). The request handler must be
+(the replicas' shared store, `tasks/cluster.py`). The request handler must be
 given a store of the kind it was, so the wrapper is of the same kind (two
 classes, as the SDK has two interfaces; one body, `_Observed`).
 
