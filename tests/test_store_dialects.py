@@ -192,3 +192,23 @@ async def test_an_sqlite_file_made_before_opens_and_migrates_forward(tmp_path: P
     assert {"m008_tool_call_host", "m009_root_usage"} <= applied
     assert shared == {name for name, _ in MIGRATIONS}
     assert "runner_host" in columns
+
+
+async def test_opening_an_up_to_date_file_takes_no_write_lock(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    Store(path).close()
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # another process writing, for long
+        started = time.monotonic()
+        # Synchronous: were the open to wait for the lock, it would wait out
+        # the busy timeout (30 s) and fail.
+        store = Store(path)
+        try:
+            assert await store.list_sessions() == []
+        finally:
+            store.close()
+        assert time.monotonic() - started < 5
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()

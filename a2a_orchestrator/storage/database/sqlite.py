@@ -83,7 +83,10 @@ def apply_migrations(
 ) -> None:
     """Apply the `migrations` (name, statements) not recorded yet in
     `a2a_migrations`, in order, in one transaction (another process opening
-    the file at once waits for it, then finds them applied)."""
+    the file at once waits for it, then finds them applied). A file that has
+    them all is only read (a reader's open takes no write lock)."""
+    if not _pending(conn, migrations):
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(
@@ -103,6 +106,16 @@ def apply_migrations(
     except BaseException:
         conn.rollback()
         raise
+
+
+def _pending(
+    conn: sqlite3.Connection, migrations: Sequence[tuple[str, Sequence[str]]]
+) -> list[str]:
+    try:
+        done = {name for (name,) in conn.execute("SELECT name FROM a2a_migrations")}
+    except sqlite3.OperationalError:  # no such table: a file from before the list
+        done = set()
+    return [name for name, _ in migrations if name not in done]
 
 
 class SQLiteDatabase:
