@@ -34,7 +34,7 @@ from benchkit import machine_line, min_median
 
 from a2a_orchestrator.protocol.wire import EVENT_KEY, write_at_once
 from a2a_orchestrator.server.app import FRAME_WRITE_DELAY
-from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
+from a2a_orchestrator.storage.tasks.sqlite import SQLiteTaskStore
 
 CONTEXT = ServerCallContext(user=UnauthenticatedUser())
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,6 @@ from a2a.types import (
     SecurityRequirement,
     SecurityScheme,
     StringList,
-    Task,
     TaskState,
     TaskStatus,
 )
@@ -78,7 +77,8 @@ from ..runtime.factory import CONTROL_ACTIONS, RoleRuntime
 from ..runtime.overrides import offered_models
 from ..runtime.roles import Role
 from ..storage.journal import ToolJournal
-from ..storage.taskstore import ObservedTaskStore, SQLiteTaskStore, TaskOwner
+from ..storage.tasks.observed import observed as observing
+from ..storage.tasks.sqlite import SQLiteTaskStore, TaskOwner
 from ..tools import Sandbox, Workspace
 from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .auth.access import Access
@@ -401,11 +401,7 @@ def build_app(
     watchers.append(metrics.task_saved if metrics is not None else None)
     for on_save in watchers:
         if on_save is not None:
-            observed = (
-                ObservedTaskStore(observed, on_save)
-                if isinstance(observed, TaskStore)
-                else _observed(observed, on_save)
-            )
+            observed = observing(observed, on_save)
     push = PushService(task_store, settings.push_policy)
     handler = RoleRequestHandler(
         agent_executor=executor,
@@ -506,14 +502,6 @@ def _metrics(**kwargs: Any) -> Metrics:
     from ..observe.metrics import Metrics
 
     return Metrics(**kwargs)
-
-
-def _observed(
-    store: VersionedTaskStore, on_save: Callable[[Task, ServerCallContext], Awaitable[None]]
-) -> VersionedTaskStore:
-    from ..storage.clusterstore import ObservedVersionedStore
-
-    return ObservedVersionedStore(store, on_save)
 
 
 def _no_limits(owner: str) -> Limits:
@@ -672,7 +660,7 @@ async def run_role_server(
     event_stream: TaskEventStream | None = None
     task_store: TaskStore | VersionedTaskStore
     if is_replica_url(db):
-        from ..storage.clusterstore import ClusterStores
+        from ..storage.tasks.cluster import ClusterStores
         from .replicas import ReplicaExecutor, ReplicaSettings
 
         cluster = ClusterStores.on(_engine(db))

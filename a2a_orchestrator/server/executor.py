@@ -81,7 +81,8 @@ from ..runtime.roles import Role
 from ..runtime.selectors import Selector
 from ..runtime.transcript import rebuild_transcript
 from ..storage.journal import JournalRow, ToolJournal, lost_announcements, unanswered
-from ..storage.taskstore import ObservedTaskStore, context_tasks
+from ..storage.tasks.observed import observed
+from ..storage.tasks.sqlite import context_tasks
 from ..tools import Workspace
 from .requests import turn_request
 
@@ -252,13 +253,9 @@ class RoleExecutor(AgentExecutor):
         cannot lose a task whose tools ran) and the executor never writes a
         task the SDK writes too."""
         self._hears_saves = True
-        if not isinstance(store, TaskStore):
-            # Replicas' versioned store (clusterstore.py): observed as such,
-            # so the request handler still streams across replicas.
-            from ..storage.clusterstore import observed
-
-            return observed(store, self._saved)
-        return ObservedTaskStore(store, self._saved)
+        # Of the same kind: the replicas' versioned store (tasks/cluster.py)
+        # stays versioned, so the request handler still streams across replicas.
+        return observed(store, self._saved)
 
     async def _saved(self, task: Task, context: ServerCallContext) -> None:
         stored = self._unsaved.get(task.id)

@@ -74,7 +74,7 @@ from ..protocol.wire import (
     CONFIG_KEY,
 )
 from ..runtime.factory import CONTROL_ACTIONS
-from ..storage.taskstore import context_owners, task_opened_by
+from ..storage.tasks.sqlite import context_owners, task_opened_by
 from .auth.quotas import Quotas, refusal
 from .executor import NEW_CONTEXT, RoleExecutor
 from .requests import REQUEST_KEY, TurnRequest

@@ -3,7 +3,7 @@
 A caller registers a webhook for a task (`CreateTaskPushNotificationConfig`,
 or `configuration.taskPushNotificationConfig` on `SendMessage`); a2a-sdk's
 request handler checks its URL with `PushPolicy.validate`, keeps it in the
-server's task database (`pushstore.py`) and hands every task event to
+server's task database (`tasks/push.py`) and hands every task event to
 `WebhookSender`, which POSTs it (a `StreamResponse`, as on a stream) to each
 webhook of the task.
 
@@ -33,7 +33,7 @@ with GetTask. No
 failure reaches the task.
 
 How many configs a server keeps, and how large, is `PushLimits`
-(`pushstore.py`; `--push-max-per-task`, `--push-max-per-owner`), carried
+(`tasks/push.py`; `--push-max-per-task`, `--push-max-per-owner`), carried
 by the policy.
 """
 
@@ -64,7 +64,7 @@ from anyio.abc import TaskGroup
 from google.protobuf.json_format import MessageToDict
 
 from ..errors import ConfigError
-from ..storage.pushstore import PushLimits, SQLitePushConfigStore, open_push_config_store
+from ..storage.tasks.push import PushLimits, SQLitePushConfigStore, open_push_config_store
 
 __all__ = [
     "PUSH_ALLOW_ENV",
@@ -112,7 +112,7 @@ class PushPolicy:
     allow: tuple[_Network, ...] = ()
     """Networks the operator allows although they are not public."""
     limits: PushLimits = dataclasses.field(default_factory=PushLimits)
-    """How many configs the server keeps, and how large (`pushstore.py`)."""
+    """How many configs the server keeps, and how large (`tasks/push.py`)."""
 
     @classmethod
     def parse(cls, text: str) -> PushPolicy:

@@ -4,10 +4,10 @@
 role's executor, plus what lets N processes serve one role together.
 
 - Reads and streams: the tasks live in a2a-sdk's versioned store and every
-  applied event in its log (`clusterstore.py`), so any replica answers
+  applied event in its log (`tasks/cluster.py`), so any replica answers
   GetTask and ListTasks, and SubscribeToTask on a replica that does not run
   the task tails the log (the live events of the replica that does).
-- Leases (`task_leases.py`): a turn runs only under its conversation's lease,
+- Leases (`leases.py`): a turn runs only under its conversation's lease,
   taken before the turn's first write and renewed every `poll` seconds while
   it runs; it is given back once the turn's end is stored. A follow-up
   message on a replica that does not hold the conversation in memory (or
@@ -21,7 +21,7 @@ role's executor, plus what lets N processes serve one role together.
   (or at its next write, whichever comes first) and aborts the turn.
 - Adoption: a lease not renewed for `lease` seconds is a dead replica's.
   Another replica takes it over (one wins: the update is atomic), closes the
-  dead turn's open tool calls as interrupted (`sharedjournal.py`; nothing is
+  dead turn's open tool calls as interrupted (`journal.py`, shared; nothing is
   run again silently), rebuilds the conversation from the stored history
   and continues the task's turn where the history ends, through the SDK's
   own task machinery, so its events are stored and streamed as any other.
@@ -54,11 +54,12 @@ from anyio.abc import TaskGroup
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import ConfigError
-from ..storage.clusterstore import ClusterStores
-from ..storage.sharedjournal import SharedToolJournal
-from ..storage.task_leases import Claim, Leases, StaleLease
-from ..storage.taskstore import TaskOwner
+from ..errors import ConfigError, StoreError
+from ..storage.database.postgres import PgConnection, PgDatabase
+from ..storage.journal import ToolJournal
+from ..storage.leases import Claim, ConversationLeases, StaleLease
+from ..storage.tasks.cluster import ClusterStores
+from ..storage.tasks.sqlite import TaskOwner
 from .executor import RoleExecutor
 
 if TYPE_CHECKING:
@@ -125,12 +126,17 @@ class ReplicaExecutor(RoleExecutor):
     ) -> None:
         """`RoleExecutor`'s arguments (its journal is the shared one), the
         replicas' `cluster` stores and this replica's `settings`."""
-        journal = SharedToolJournal(cluster.engine)
+        # The journal and the leases on asyncpg, connections of their own to
+        # the cluster's database (a2a-sdk's task store keeps SQLAlchemy's engine).
+        url = cluster.engine.url.render_as_string(hide_password=False)
+        journal = ToolJournal(PgDatabase.open(url, "tool-call journal"), shared=True)
         super().__init__(*args, journal=journal, task_store=cluster.tasks, **kwargs)
         self.shared_journal = journal
         self.cluster = cluster
         self.settings = settings
-        self.leases = Leases(cluster.engine, settings.replica_id, settings.lease)
+        self.leases = ConversationLeases(
+            PgConnection(url, "conversation leases"), settings.replica_id, settings.lease
+        )
         self.handler: DefaultRequestHandlerV2 | None = None
         """The request handler adopted turns run through (`served_by`)."""
         self._leased: dict[str, str] = {}
@@ -170,6 +176,7 @@ class ReplicaExecutor(RoleExecutor):
                     tg.cancel_scope.cancel()
         finally:
             self._tg = None
+            self.leases.close()
             await self.cluster.engine.dispose()
 
     # -- a turn under its lease ------------------------------------------------
@@ -240,7 +247,7 @@ class ReplicaExecutor(RoleExecutor):
         self._ending.pop(context_id, None)
         try:
             await self.leases.release(context_id)
-        except SQLAlchemyError as exc:
+        except StoreError as exc:
             # It expires by itself; the task is over, so nobody adopts it.
             logger.warning("could not give back the lease of context %s: %s", context_id, exc)
 
@@ -264,7 +271,7 @@ class ReplicaExecutor(RoleExecutor):
             await anyio.sleep(self.settings.poll)
             try:
                 await self._tend()
-            except (SQLAlchemyError, OSError) as exc:
+            except (StoreError, SQLAlchemyError, OSError) as exc:
                 logger.warning("lease upkeep failed (retried in %g s): %s", self.settings.poll, exc)
 
     async def _tend(self) -> None:

@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..storage.pushstore import count_setting
+from ..storage.tasks.push import count_setting
 
 __all__ = [
     "MAX_STREAMS_ENV",

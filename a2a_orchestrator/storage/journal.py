@@ -7,17 +7,24 @@ is recorded. After a crash, rows still open are calls that started and whose
 result may be missing: recovery ends what they left running (see `procs`) and
 tells the model they were interrupted instead of running them again.
 
-One table, `tool_calls`, in the orchestrator's store (for in-process
-children, scope = child id) and in a role server's SQLite file (scope = A2A
-context id). Each row names its runner (pid, start ticks, boot id, host),
-so a live process's calls are never mistaken for a dead one's.
+One table, `tool_calls` (`TABLE`, stated once), written by one journal
+(`ToolJournal`) over the database interface (`database/`): in the
+orchestrator's store, SQLite or PostgreSQL (for in-process children, scope =
+child id), in a role server's SQLite file, and in the PostgreSQL database
+role server replicas share (scope = A2A context id). Each row names its
+runner (pid, start ticks, boot id, host), so a live process's calls are
+never mistaken for a dead one's.
 
 One recovery rule for every journal (`recovery`): a row is judged by the
 machine it was written on, its boot id and host (containers share a boot id
 but not a host name, nor their pids). Another machine's process ids mean
 nothing here, so its rows are never signalled here; they are closed only by
-their owner, or by the holder of the lease that replaced it (a replica that
-adopted the conversation, `sharedjournal.py`).
+their owner, or by the holder of the lease that replaced it. A journal
+`shared` by replicas (every replica of a role writes the same rows) is
+recovered by conversation only: the replica that took a conversation's
+lease (`task_leases.py`), which proves nobody else runs it, closes its open
+calls, ending what they left running on this machine; at start-up nothing
+is recovered, as the other replicas' calls are theirs while they live.
 """
 
 from __future__ import annotations
@@ -37,41 +44,40 @@ import anyio.to_thread
 from ..models.base import ToolCall
 from ..runtime.events import ToolCalled, ToolResult
 from ..tools.procs import end_leftovers, start_ticks
-from .sqlitefile import SQLiteFile
+from .database import Database, Table
+from .database.sqlite import SQLiteDatabase
 
 __all__ = [
+    "TABLE",
     "CallJournal",
     "JournalRow",
     "ToolJournal",
-    "create_table",
     "lost_announcements",
     "recovery",
     "unanswered",
 ]
 
-_COLUMNS = (
-    "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
-    "arguments TEXT NOT NULL, runner_pid INTEGER NOT NULL, runner_ticks INTEGER NOT NULL, "
-    "runner_boot TEXT NOT NULL, started_at REAL NOT NULL, pgid INTEGER, pgid_ticks INTEGER, "
-    "finished_at REAL, outcome TEXT, runner_host TEXT"
+TABLE = Table(
+    name="tool_calls",
+    columns=(
+        "marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, "
+        "arguments TEXT NOT NULL, runner_pid BIGINT NOT NULL, runner_ticks BIGINT NOT NULL, "
+        "runner_boot TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL, pgid BIGINT, "
+        "pgid_ticks BIGINT, finished_at DOUBLE PRECISION, outcome TEXT, runner_host TEXT"
+    ),
+    # A table from before rows named their host: its rows keep NULL, and
+    # are judged by their boot id alone, as they were.
+    added=(("runner_host", "TEXT"),),
+    indexes=(
+        "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) "
+        "WHERE finished_at IS NULL",
+        # Every conversation a role server opens asks for its scope's started
+        # calls: by this index, a read of that scope's rows alone (none for a
+        # new context), cheap enough to run on the event loop.
+        "CREATE INDEX IF NOT EXISTS tool_calls_scope ON tool_calls (scope)",
+    ),
 )
-
-
-def create_table(conn: Any) -> None:
-    """Create the journal's table and index on an sqlite3 connection (idempotent)."""
-    conn.execute(f"CREATE TABLE IF NOT EXISTS tool_calls ({_COLUMNS})")
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(tool_calls)")}
-    if "runner_host" not in columns:
-        # A file from before rows named their host: its rows keep NULL, and
-        # are judged by their boot id alone, as they were.
-        conn.execute("ALTER TABLE tool_calls ADD COLUMN runner_host TEXT")
-    conn.execute(
-        "CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL"
-    )
-    # Every conversation a role server opens asks for its scope's started
-    # calls: by this index, a read of that scope's rows alone (none for a new
-    # context), cheap enough to run on the event loop.
-    conn.execute("CREATE INDEX IF NOT EXISTS tool_calls_scope ON tool_calls (scope)")
+"""The journal's table, for every database that holds one."""
 
 
 def _boot_id() -> str:
@@ -188,34 +194,36 @@ class CallJournal:
 
 
 class ToolJournal:
-    """The `tool_calls` table of one SQLite file (see the module docstring)."""
+    """The `tool_calls` table of one database (see the module docstring)."""
 
-    def __init__(self, file: SQLiteFile) -> None:
-        self._file = file
-        self._own = False
+    def __init__(self, db: Database, *, shared: bool = False) -> None:
+        """`shared`: replicas write the same rows (recovered by conversation only)."""
+        self.db = db
+        self.shared = shared
+        self._created = False
 
     @classmethod
     def open(cls, path: str | Path) -> ToolJournal:
         """The journal in the SQLite file at `path` (created if needed); close it."""
-        file = SQLiteFile(path, "tool-call journal")
-        with file.conn:
-            create_table(file.conn)
-        journal = cls(file)
-        journal._own = True
-        return journal
+        return cls(SQLiteDatabase.open(path, "tool-call journal"))
+
+    async def create(self) -> None:
+        """Create the table, or bring it up to date (idempotent)."""
+        await self.db.create(TABLE)
+        self._created = True
 
     def close(self) -> None:
-        if self._own:
-            self._file.close()
+        self.db.close()
 
     def scoped(self, scope: str) -> CallJournal:
         return CallJournal(self, scope)
 
-    def _write(self, sql: str, params: Iterable[Any]) -> Any:
-        values = list(params)
-        # On the event loop when the file is free (`SQLiteFile.write`): a
-        # journaled call makes two of these on its critical path.
-        return self._file.write(lambda conn: conn.execute(sql, values))
+    async def _write(self, sql: str, params: Iterable[Any]) -> None:
+        if not self._created:
+            await self.create()
+        # On the event loop when an SQLite file is free (`SQLiteFile.write`):
+        # a journaled call makes two of these on its critical path.
+        await self.db.execute(sql, list(params))
 
     async def started(self, scope: str, call: ToolCall) -> str:
         marker = uuidlib.uuid4().hex
@@ -258,17 +266,10 @@ class ToolJournal:
         return await self._rows("finished_at IS NULL AND scope = ?", [scope])
 
     async def _rows(self, where: str, params: list[Any]) -> list[JournalRow]:
-        conn = self._file.conn
+        if not self._created:
+            await self.create()
         sql = f"SELECT * FROM tool_calls WHERE {where} ORDER BY started_at"
-
-        def rows() -> list[JournalRow]:
-            cursor = conn.execute(sql, params)
-            names = [d[0] for d in cursor.description]
-            return [
-                JournalRow.of(dict(zip(names, values, strict=True))) for values in cursor.fetchall()
-            ]
-
-        return await self._file.read(rows)
+        return [JournalRow.of(row) for row in await self.db.fetch(sql, params)]
 
     async def interrupted_calls(self, scope: str) -> list[JournalRow]:
         """The calls of `scope` that a crash interrupted (open, or closed as
@@ -282,13 +283,20 @@ class ToolJournal:
         return await self._rows("scope = ?", [scope])
 
     async def recover(self, scope: str | None = None) -> list[JournalRow]:
-        """End what this machine's dead runners' open calls left running, and
-        close those calls (`recovery`, holding no lease: another machine's
-        rows are left to their owner, a live runner's to itself).
+        """Close the open calls `recovery` closes, ending what they left
+        running on this machine; returns the rows closed as `interrupted`.
 
-        Returns the rows closed as `interrupted`.
-        """
-        return await self._recover(await self.unfinished(scope), taken_over=False)
+        A journal of one process (not `shared`) holds no lease: it closes
+        this machine's dead runners' calls (of `scope`, or all), leaving
+        another machine's rows to their owner and a live runner's to itself.
+        A `shared` journal closes the calls of `scope`, a conversation whose
+        lease the caller holds, whoever wrote them; without a scope (a
+        replica starting) it closes nothing."""
+        if not self.shared:
+            return await self._recover(await self.unfinished(scope), taken_over=False)
+        if scope is None:
+            return []
+        return await self._recover(await self.unfinished(scope), taken_over=True)
 
     async def _recover(self, rows: list[JournalRow], *, taken_over: bool) -> list[JournalRow]:
         closed, groups = recovery(rows, taken_over=taken_over)

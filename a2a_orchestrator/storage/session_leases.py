@@ -2,7 +2,8 @@
 
 Orchestrator replicas sharing a PostgreSQL store (`store_pg.PgStore`) run
 each session on one replica at a time. The replica that opens a session
-claims its lease (owner id, its URL, an expiry by the database's clock) and
+claims its lease (owner id, its URL, an expiry by the database's clock; the
+store's `leases`, the one leases table and mechanism, `leases.py`) and
 renews every lease it holds every `seconds / 3`. A replica that dies stops
 renewing: once the lease expires, another replica claims it and takes the
 session over (`on_takeover`: open it and run crash recovery, `Session.recover`).
@@ -97,9 +98,11 @@ class Leases:
 
     async def claim(self, session_id: str) -> None:
         sent = anyio.current_time()
-        lease = await self.store.claim_lease(session_id, self.owner, self.url, self.seconds)
-        if lease.owner != self.owner:
-            raise SessionOwnedElsewhere(session_id, lease.owner, lease.url, lease.expires_in)
+        lease = await self.store.leases.claim(session_id, self.owner, self.seconds, url=self.url)
+        if lease.holder != self.owner:
+            raise SessionOwnedElsewhere(
+                session_id, lease.holder or "", lease.url, lease.expires_in or 0.0
+            )
         self.held.add(session_id)
         self._renewed[session_id] = sent
 
@@ -107,7 +110,7 @@ class Leases:
         self.held.discard(session_id)
         self._renewed.pop(session_id, None)
         with anyio.CancelScope(shield=True):
-            await self.store.release_lease(session_id, self.owner, hand_off=hand_off)
+            await self.store.leases.give_back(session_id, self.owner, hand_off=hand_off)
 
     async def run(self) -> None:
         """Renew held leases and take over expired ones, every third of a
@@ -119,10 +122,10 @@ class Leases:
                     # A database that hangs is as down as one that refuses.
                     with anyio.fail_after(self.seconds / 3):
                         await self._renew()
-                        for lease in await self.store.expired_leases(self.owner):
-                            if lease.session_id not in self._taking:
-                                self._taking.add(lease.session_id)
-                                tg.start_soon(self._take_over, lease.session_id)
+                        for lease in await self.store.leases.expired(self.owner):
+                            if lease.key not in self._taking:
+                                self._taking.add(lease.key)
+                                tg.start_soon(self._take_over, lease.key)
                 except (OrchestratorError, TimeoutError):
                     # The database is unreachable for now: our leases run
                     # down (`_watch_deadlines` stops their sessions in time),
@@ -133,7 +136,7 @@ class Leases:
     async def _renew(self) -> None:
         held = set(self.held)
         sent = anyio.current_time()
-        renewed = await self.store.renew_leases(self.owner, held, self.seconds)
+        renewed = await self.store.leases.renew(self.owner, held, self.seconds)
         for session_id in renewed & self.held:
             self._renewed[session_id] = sent
         for session_id in held - renewed:

@@ -17,14 +17,22 @@ file's write lock is taken at once (`BEGIN IMMEDIATE` with no busy wait);
 otherwise (a call in a thread holds the connection, another process holds
 the lock) it goes to a worker thread and waits there as before. Under
 synchronous=NORMAL a WAL commit does not sync; the sync is the checkpoint's,
-so the connection makes no automatic checkpoints and `write` runs a passive
-one in a worker thread every `CHECKPOINT_EVERY` commits (a file nobody
-calls `write` on keeps SQLite's automatic checkpoints). Reads bounded by
-an index (`read`) run here the same way: under WAL a read waits for no lock.
+so the connection makes no automatic checkpoints and `write` starts a
+passive one every `CHECKPOINT_EVERY` commits (a file nobody calls `write`
+on keeps SQLite's automatic checkpoints). The checkpoint runs in the
+background and no write waits for it (one took 32-50 ms, and was awaited by
+whichever child's write started it): a thread of its own on a connection of
+its own, so writes keep committing on the event loop while it syncs (a
+passive checkpoint takes no lock a writer needs). One runs at a time (a
+checkpoint due while one runs is skipped: the next one takes its pages); an
+error is logged, never raised to a writer; `close` waits for a running one
+and starts no other. Reads bounded by an index (`read`) run here the same
+way as writes: under WAL a read waits for no lock.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -39,6 +47,8 @@ from ..errors import ConfigError, StoreError
 __all__ = ["CHECKPOINT_EVERY", "SQLiteFile"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 200
 """Commits between two checkpoints (a few hundred WAL pages at most for
@@ -65,6 +75,11 @@ class SQLiteFile:
         self._lock = threading.Lock()
         self._closed = False
         self._commits: int | None = None  # None: SQLite's own checkpoints
+        # The background checkpoint (see the module docstring): its thread
+        # while one runs, and its connection, opened by the first one.
+        self._checkpoints = threading.Lock()
+        self._checkpointing: threading.Thread | None = None
+        self._checkpointer: sqlite3.Connection | None = None
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` in a worker thread, alone on the connection."""
@@ -103,8 +118,7 @@ class SQLiteFile:
         self._commits = (self._commits or 0) + 1
         if self._commits >= CHECKPOINT_EVERY:
             self._commits = 0
-            with anyio.CancelScope(shield=True):
-                await self.run(self._checkpoint)
+            self._start_checkpoint()
         return result
 
     def _write_here(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T] | None:
@@ -152,8 +166,35 @@ class SQLiteFile:
         await anyio.lowlevel.cancel_shielded_checkpoint()
         return result
 
-    def _checkpoint(self) -> None:
-        self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    def _start_checkpoint(self) -> None:
+        """Start a checkpoint in the background unless one is running."""
+        running = self._checkpointing
+        if running is not None and running.is_alive():
+            return  # the next one due takes this one's pages too
+        thread = threading.Thread(
+            target=self._checkpoint_in_background, name=f"checkpoint {self.path.name}", daemon=True
+        )
+        self._checkpointing = thread
+        thread.start()
+
+    def _checkpoint_in_background(self) -> None:
+        with self._checkpoints:  # `close` takes it to wait for this one
+            if self._closed:
+                return
+            try:
+                if self._checkpointer is None:
+                    self._checkpointer = sqlite3.connect(
+                        str(self.path), check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
+                    )
+                self._checkpoint(self._checkpointer)
+            except sqlite3.Error:
+                # The next checkpoint (or SQLite's own, on the last close)
+                # syncs what this one did not; the writes are committed.
+                logger.exception("%s %s: checkpoint failed", self.what, self.path)
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        """One passive checkpoint on the checkpoint connection `conn`."""
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def run_here(self, fn: Callable[[], T]) -> T:
         """Run `fn` on this thread, alone on the connection (for a last write
@@ -164,10 +205,18 @@ class SQLiteFile:
             return fn()
 
     def close(self) -> None:
+        """Close the file, after a checkpoint running in the background
+        (none starts after this)."""
         with self._lock:
-            if not self._closed:
-                self._closed = True
-                self.conn.close()
+            if self._closed:
+                return
+            self._closed = True
+        with self._checkpoints:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
+        with self._lock:
+            self.conn.close()
 
 
 def _transaction(

@@ -1,20 +1,26 @@
-"""The store: sessions, children and their event transcripts, in SQLite.
+"""The store: sessions, children and their event transcripts.
 
 The store is the source of truth; in-memory queues are only wake-up
 channels. A child's events (its transcript, and so its result) are written
 here before anyone in memory is told, so a crash loses no finished result.
 
 Contract:
-- One `Store` owns one sqlite3 connection (`SQLiteFile`): every call runs
-  in a worker thread under a lock, so the event loop never blocks on disk.
-  A sqlite3 error is raised as `StoreError`.
-- Writes on a child's critical path (events, the child's row) go through
-  one writer with group commit (`GroupWriter`): writes that arrive while a
-  commit is in flight are committed together, in one transaction and one
-  thread hop. Each returns once its transaction is committed, so whoever
-  is told of an event after its append returns reads it from the file.
-- The schema lives in `MIGRATIONS` (sqlite-utils migrations); WAL mode lets
-  the CLI read a session while an orchestrator writes it.
+- On SQLite, a `Store` owns one sqlite3 connection (`SQLiteFile`): every
+  read runs in a worker thread under a lock, so the event loop never blocks
+  on disk. A database error is raised as `StoreError`.
+- Every write goes through one writer with group commit (`GroupWriter`,
+  `PgGroupWriter`): writes that arrive while a commit is in flight are
+  committed together, in one transaction (on SQLite, made on the event loop
+  when the file is free, else in one thread hop). Each returns once its
+  transaction is committed, so whoever is told of an event after its
+  append returns reads it from the file.
+- One `Store` for both dialects of the database interface (`database/`):
+  its statements are written once, with `?` markers, `ON CONFLICT` and
+  `RETURNING`, and run on an SQLite file (here) or a PostgreSQL database
+  (`store_pg.PgStore`). The schema is each dialect's history
+  (`SQLITE_HISTORY`, sqlite-utils migrations; `store_pg.PG_HISTORY`), then
+  the one list both apply (`MIGRATIONS`). WAL mode lets the CLI read a
+  session while an orchestrator writes it.
 - Events are keyed by uuid: appending a uuid twice is a no-op that reports
   False, which is how readers that absorb events de-duplicate.
 - Usage: every event that ends a turn (done, failed, input_required) of a
@@ -30,26 +36,29 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import sqlite_utils
 from sqlite_utils.db import NotFoundError
 from sqlite_utils.migrations import Migrations
 
 from ..runtime.budgets import Spend
+from .database import Database, Tx
+from .database.sqlite import SQLiteDatabase, apply_migrations, create_table
 from .groupcommit import GroupWriter
-from .journal import ToolJournal, create_table
+from .journal import TABLE as JOURNAL_TABLE
+from .journal import ToolJournal
 from .sqlitefile import SQLiteFile
 
 __all__ = [
     "MIGRATIONS",
     "ROOT_ID",
+    "SQLITE_HISTORY",
     "TURN_END_KINDS",
     "ChildRecord",
     "RunnerRecord",
@@ -66,12 +75,12 @@ events are stored with no child id): its spend is part of the session's."""
 
 _SPEND_COLUMNS = ("input_tokens", "output_tokens", "model_calls", "seconds", "cost")
 
-T = TypeVar("T")
+SQLITE_HISTORY = Migrations("a2a_orchestrator")
+"""The SQLite store's schema up to the one migration list (sqlite-utils
+migrations, recorded in `_sqlite_migrations`): applied first, as before."""
 
-MIGRATIONS = Migrations("a2a_orchestrator")
 
-
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m001_initial(db: sqlite_utils.Database) -> None:
     db.table("sessions").create(
         {
@@ -129,7 +138,7 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     db.table("events").create_index(["child_id", "seq"])
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m002_subscriptions(db: sqlite_utils.Database) -> None:
     # Supervisor subscriptions outlive the process that made them.
     db.table("subscriptions").create(
@@ -146,7 +155,7 @@ def m002_subscriptions(db: sqlite_utils.Database) -> None:
     db.table("subscriptions").create_index(["session_id", "parent_id"])
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m003_runners(db: sqlite_utils.Database) -> None:
     # Which process runs each session (`runner.py`), so `stop` can tell a live
     # runner (ask it to stop its children) from a dead one (nobody runs them).
@@ -211,7 +220,7 @@ class RunnerRecord:
         return cls(**data)
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m004_remote_identity(db: sqlite_utils.Database) -> None:
     # A remote child's first message id is chosen and stored before it is
     # sent (with the context id, which m001 has), so recovery can find the
@@ -219,13 +228,13 @@ def m004_remote_identity(db: sqlite_utils.Database) -> None:
     db.table("children").add_column("a2a_message_id", str)
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m005_tool_calls(db: sqlite_utils.Database) -> None:
     # The tool-call journal of in-process children (see `journal`).
-    create_table(db.conn)
+    create_table(db.conn, JOURNAL_TABLE)
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m006_turn_usage(db: sqlite_utils.Database) -> None:
     # One row per turn of a child, keyed by the uuid of the event that ended
     # it: totals are sums of these rows, and a replayed event adds nothing.
@@ -261,7 +270,7 @@ def m006_turn_usage(db: sqlite_utils.Database) -> None:
     )
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m007_push_tokens(db: sqlite_utils.Database) -> None:
     # The secret a role server sends back with each push notification of a
     # remote child in push mode (transports/push_receiver.py), kept so an
@@ -271,14 +280,14 @@ def m007_push_tokens(db: sqlite_utils.Database) -> None:
     )
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m008_tool_call_host(db: sqlite_utils.Database) -> None:
     # Journal rows name their runner's host (`journal.recovery`); the
     # table's own check adds the column.
-    create_table(db.conn)
+    create_table(db.conn, JOURNAL_TABLE)
 
 
-@MIGRATIONS()
+@SQLITE_HISTORY()
 def m009_root_usage(db: sqlite_utils.Database) -> None:
     # The root parent agent's turns were not counted before: their ends are
     # stored with no child id. Counted now under ROOT_ID, from their spend.
@@ -292,6 +301,22 @@ def m009_root_usage(db: sqlite_utils.Database) -> None:
         WHERE kind IN {TURN_END_KINDS!r} AND child_id IS NULL
         """
     )
+
+
+MIGRATIONS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "m010_push_tokens",
+        # The SQLite store's m007, which the PostgreSQL store lacked.
+        (
+            "CREATE TABLE IF NOT EXISTS push_tokens "
+            "(child_id TEXT PRIMARY KEY, token TEXT, created_at DOUBLE PRECISION)",
+        ),
+    ),
+]
+"""The one migration list of both dialects, from where their histories end
+(`SQLITE_HISTORY`, `store_pg.PG_HISTORY`): (name, statements), each
+statement valid on both, applied once per database in order, recorded in
+`a2a_migrations`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,10 +371,9 @@ class ChildRecord:
         return cls(**data)
 
 
-def _insert_child_sql(row: Mapping[str, Any], marker: str = "?") -> str:
-    """The INSERT of a child row, with `marker` for each parameter (SQLite's
-    `?`, PostgreSQL's `%s`)."""
-    return f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join(marker for _ in row)})"
+def _insert_child_sql(row: Mapping[str, Any]) -> str:
+    """The INSERT of a child row."""
+    return f"INSERT INTO children ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
 
 
 EventEntry = tuple[str, str | None, str, Mapping[str, Any], str | None]
@@ -430,13 +454,47 @@ def _filters(
     params: list[Any] = [value for value in equal.values() if value is not None]
     if one_of is not None:
         wanted = list(one_of)
-        clauses.append(f"{column} IN ({', '.join('?' for _ in wanted)})")
+        # `IN ()` is SQLite's only: no value wanted matches no row.
+        clauses.append(f"{column} IN ({', '.join('?' for _ in wanted)})" if wanted else "1 = 0")
         params.extend(wanted)
     return clauses, params
 
 
+_INSERT_EVENT = (
+    "INSERT INTO events (uuid, session_id, child_id, kind, payload, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO NOTHING RETURNING seq"
+)
+_INSERT_USAGE = (
+    f"INSERT INTO turn_usage (uuid, session_id, child_id, {', '.join(_SPEND_COLUMNS)}, "
+    "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO NOTHING"
+)
+# Sums as plain numbers on both dialects (PostgreSQL's sum of BIGINT is NUMERIC).
+_SUMS = ", ".join(
+    f"CAST(coalesce(sum({c}), 0) AS {'DOUBLE PRECISION' if c in ('seconds', 'cost') else 'BIGINT'})"
+    f" AS {c}"
+    for c in _SPEND_COLUMNS
+)
+
+
+def _spend(row: Mapping[str, Any]) -> Spend:
+    return Spend.from_dict({c: row[c] for c in _SPEND_COLUMNS})
+
+
+def _event(row: Mapping[str, Any]) -> StoredEvent:
+    data = dict(row)
+    data["payload"] = json.loads(data["payload"])
+    return StoredEvent(**data)
+
+
+def _session(row: Mapping[str, Any]) -> dict[str, Any]:
+    found = dict(row)
+    found["metadata"] = json.loads(found["metadata"] or "{}")
+    return found
+
+
 class Store:
-    """SQLite store for one orchestrator (see the module docstring)."""
+    """The orchestrator's store (see the module docstring): an SQLite file,
+    or, as `store_pg.PgStore`, a PostgreSQL database replicas share."""
 
     def __init__(self, path: str | Path) -> None:
         self.path: Path | None = Path(path)
@@ -444,10 +502,13 @@ class Store:
         self._file = SQLiteFile(path, "store")
         self._db = sqlite_utils.Database(self._file.conn)
         self._db.execute("PRAGMA foreign_keys=ON")
-        MIGRATIONS.apply(self._db)
-        self._run = self._file.run
-        self._write = GroupWriter(self._file).write
-        self.journal = ToolJournal(self._file)
+        SQLITE_HISTORY.apply(self._db)
+        apply_migrations(self._file.conn, MIGRATIONS)
+        writer = GroupWriter(self._file)
+        self._write = writer.write
+        self.db: Database = SQLiteDatabase(self._file, writer=writer)
+        """Where the store's statements run (`database/`)."""
+        self.journal = ToolJournal(SQLiteDatabase(self._file))
         """The tool-call journal of this store's in-process children (scope: child id)."""
 
     def close(self) -> None:
@@ -458,6 +519,16 @@ class Store:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+    async def _fetch(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        """Rows of a read."""
+        values = list(params)
+        return await self.db.read(lambda tx: tx.fetch(sql, values))
+
+    async def _execute(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        """One statement in its own (group-committed) transaction; its rows."""
+        values = list(params)
+        return await self.db.write(lambda tx: tx.fetch(sql, values))
 
     # -- sessions -------------------------------------------------------------
 
@@ -471,102 +542,75 @@ class Store:
     ) -> str:
         """Create a session (or keep the existing one of that id); return its id."""
         sid = session_id or uuidlib.uuid4().hex
-        row = {
-            "id": sid,
-            "title": title,
-            "parent_session": parent_session,
-            "metadata": json.dumps(dict(metadata or {})),
-            "created_at": time.time(),
-        }
-        await self._run(lambda: self._db.table("sessions").insert(row, ignore=True))
+        await self._execute(
+            "INSERT INTO sessions (id, title, parent_session, metadata, created_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            (sid, title, parent_session, json.dumps(dict(metadata or {})), time.time()),
+        )
         return sid
 
     async def get_session(self, session_id: str) -> dict[str, Any] | None:
-        def get() -> dict[str, Any] | None:
-            rows = list(self._db["sessions"].rows_where("id = ?", [session_id]))
-            if not rows:
-                return None
-            row = dict(rows[0])
-            row["metadata"] = json.loads(row["metadata"] or "{}")
-            return row
-
-        return await self._run(get)
+        rows = await self._fetch("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return _session(rows[0]) if rows else None
 
     async def set_session_metadata(self, session_id: str, key: str, value: Any) -> None:
         """Set one top-level key of a session's metadata to `value` (JSON).
 
-        One UPDATE with `json_set`: the other keys are kept as they are in the
-        file, so writers of different keys never undo each other."""
-
-        def update() -> None:
-            with self._db.conn:
-                self._db.conn.execute(
-                    "UPDATE sessions SET metadata = "
-                    "json_set(coalesce(nullif(metadata, ''), '{}'), ?, json(?)) WHERE id = ?",
-                    (f'$."{key}"', json.dumps(value), session_id),
-                )
-
-        await self._run(update)
+        One UPDATE of that key (the dialect's JSON function): the other keys
+        are kept as they are stored, so writers of different keys never undo
+        each other."""
+        if self.db.dialect == "postgresql":
+            sql = (
+                "UPDATE sessions SET metadata = jsonb_set("
+                "coalesce(nullif(metadata, ''), '{}')::jsonb, ARRAY[?::text], ?::jsonb)::text "
+                "WHERE id = ?"
+            )
+            path = key
+        else:
+            sql = (
+                "UPDATE sessions SET metadata = "
+                "json_set(coalesce(nullif(metadata, ''), '{}'), ?, json(?)) WHERE id = ?"
+            )
+            path = f'$."{key}"'
+        await self._execute(sql, (path, json.dumps(value), session_id))
 
     async def list_sessions(self) -> list[dict[str, Any]]:
-        def rows() -> list[dict[str, Any]]:
-            found = [dict(r) for r in self._db["sessions"].rows_where(order_by="created_at")]
-            for row in found:
-                row["metadata"] = json.loads(row["metadata"] or "{}")
-            return found
-
-        return await self._run(rows)
+        rows = await self._fetch("SELECT * FROM sessions ORDER BY created_at")
+        return [_session(row) for row in rows]
 
     # -- children -------------------------------------------------------------
 
     async def add_child(self, record: ChildRecord) -> None:
         row = record.to_row()
-        await self._write(lambda conn: conn.execute(_insert_child_sql(row), list(row.values())))
+        await self._execute(_insert_child_sql(row), row.values())
 
     async def update_child(self, child_id: str, **changes: Any) -> None:
         """Change fields of a child's row; `NotFoundError` when there is none."""
         if "config" in changes:
             changes["config"] = json.dumps(changes["config"])
         assignments = ", ".join(f"{name} = ?" for name in changes) or "child_id = child_id"
-
-        def update(conn: sqlite3.Connection) -> None:
-            cursor = conn.execute(
-                f"UPDATE children SET {assignments} WHERE child_id = ?",
-                [*changes.values(), child_id],
-            )
-            if cursor.rowcount == 0:
-                raise NotFoundError(child_id)
-
-        await self._write(update)
+        rows = await self._execute(
+            f"UPDATE children SET {assignments} WHERE child_id = ? RETURNING child_id",
+            [*changes.values(), child_id],
+        )
+        if not rows:
+            raise NotFoundError(child_id)
 
     async def push_token(self, child_id: str, *, create: bool = True) -> str | None:
         """The webhook token of a child in push mode: made (random) and stored
         on first use unless `create` is off (then None when there is none)."""
-        fresh = secrets.token_urlsafe(32)
-
-        def make(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR IGNORE INTO push_tokens (child_id, token, created_at) VALUES (?, ?, ?)",
-                [child_id, fresh, time.time()],
-            )
-
         if create:
-            await self._write(make)
-
-        def read() -> str | None:
-            row = self._db.execute(
-                "SELECT token FROM push_tokens WHERE child_id = ?", [child_id]
-            ).fetchone()
-            return str(row[0]) if row else None
-
-        return await self._run(read)
+            await self._execute(
+                "INSERT INTO push_tokens (child_id, token, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (child_id) DO NOTHING",
+                (child_id, secrets.token_urlsafe(32), time.time()),
+            )
+        rows = await self._fetch("SELECT token FROM push_tokens WHERE child_id = ?", (child_id,))
+        return str(rows[0]["token"]) if rows else None
 
     async def get_child(self, child_id: str) -> ChildRecord | None:
-        def get() -> ChildRecord | None:
-            rows = list(self._db["children"].rows_where("child_id = ?", [child_id]))
-            return ChildRecord.from_row(rows[0]) if rows else None
-
-        return await self._run(get)
+        rows = await self._fetch("SELECT * FROM children WHERE child_id = ?", (child_id,))
+        return ChildRecord.from_row(rows[0]) if rows else None
 
     async def list_children(
         self,
@@ -578,61 +622,52 @@ class Store:
         clauses, params = _filters(
             {"session_id": session_id, "parent_id": parent_id}, "status", statuses
         )
-        where = " AND ".join(clauses) or None
-
-        def rows() -> list[ChildRecord]:
-            return [
-                ChildRecord.from_row(r)
-                for r in self._db["children"].rows_where(where, params, order_by="created_at")
-            ]
-
-        return await self._run(rows)
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        rows = await self._fetch(f"SELECT * FROM children {where}ORDER BY created_at", params)
+        return [ChildRecord.from_row(row) for row in rows]
 
     # -- subscriptions --------------------------------------------------------
 
     async def put_subscription(
         self, subscription_id: str, session_id: str, parent_id: str, spec: Mapping[str, Any]
     ) -> None:
-        row = {
-            "id": subscription_id,
-            "session_id": session_id,
-            "parent_id": parent_id,
-            "spec": json.dumps(dict(spec)),
-            "created_at": time.time(),
-        }
-        await self._run(lambda: self._db.table("subscriptions").insert(row, replace=True))
+        await self._execute(
+            "INSERT INTO subscriptions (id, session_id, parent_id, spec, created_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "session_id = excluded.session_id, parent_id = excluded.parent_id, "
+            "spec = excluded.spec, created_at = excluded.created_at",
+            (subscription_id, session_id, parent_id, json.dumps(dict(spec)), time.time()),
+        )
 
     async def delete_subscription(self, subscription_id: str) -> bool:
-        def delete() -> bool:
-            with self._db.conn:
-                cursor = self._db.conn.execute(
-                    "DELETE FROM subscriptions WHERE id = ?", (subscription_id,)
-                )
-            return cursor.rowcount > 0
-
-        return await self._run(delete)
+        rows = await self._execute(
+            "DELETE FROM subscriptions WHERE id = ? RETURNING id", (subscription_id,)
+        )
+        return bool(rows)
 
     async def subscriptions(self, session_id: str, parent_id: str) -> list[dict[str, Any]]:
-        def rows() -> list[dict[str, Any]]:
-            found = self._db["subscriptions"].rows_where(
-                "session_id = ? AND parent_id = ?", [session_id, parent_id], order_by="created_at"
-            )
-            return [{"id": r["id"], **json.loads(r["spec"])} for r in found]
-
-        return await self._run(rows)
+        rows = await self._fetch(
+            "SELECT id, spec FROM subscriptions WHERE session_id = ? AND parent_id = ? "
+            "ORDER BY created_at",
+            (session_id, parent_id),
+        )
+        return [{"id": row["id"], **json.loads(row["spec"])} for row in rows]
 
     # -- runners ----------------------------------------------------------------
 
     async def put_runner(self, record: RunnerRecord) -> None:
         """Record the session's runner, replacing the previous one."""
-        await self._run(lambda: self._db.table("runners").insert(asdict(record), replace=True))
+        row = asdict(record)
+        updates = ", ".join(f"{k} = excluded.{k}" for k in row if k != "session_id")
+        await self._execute(
+            f"INSERT INTO runners ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)}) "
+            f"ON CONFLICT (session_id) DO UPDATE SET {updates}",
+            row.values(),
+        )
 
     async def get_runner(self, session_id: str) -> RunnerRecord | None:
-        def get() -> RunnerRecord | None:
-            rows = list(self._db["runners"].rows_where("session_id = ?", [session_id]))
-            return RunnerRecord.from_row(rows[0]) if rows else None
-
-        return await self._run(get)
+        rows = await self._fetch("SELECT * FROM runners WHERE session_id = ?", (session_id,))
+        return RunnerRecord.from_row(rows[0]) if rows else None
 
     async def update_runner(
         self, session_id: str, token: str, **changes: Any
@@ -640,19 +675,11 @@ class Store:
         """Change the runner row while registration `token` owns it; the row
         after the change, or None when another registration (or none) owns it."""
         assignments = ", ".join(f"{name} = ?" for name in changes)
-
-        def update() -> RunnerRecord | None:
-            with self._db.conn:
-                cursor = self._db.conn.execute(
-                    f"UPDATE runners SET {assignments} WHERE session_id = ? AND token = ?",
-                    [*changes.values(), session_id, token],
-                )
-                if cursor.rowcount == 0:
-                    return None
-                rows = list(self._db["runners"].rows_where("session_id = ?", [session_id]))
-            return RunnerRecord.from_row(rows[0])
-
-        return await self._run(update)
+        rows = await self._execute(
+            f"UPDATE runners SET {assignments} WHERE session_id = ? AND token = ? RETURNING *",
+            [*changes.values(), session_id, token],
+        )
+        return RunnerRecord.from_row(rows[0]) if rows else None
 
     # -- events ---------------------------------------------------------------
 
@@ -688,39 +715,29 @@ class Store:
         changes = dict(child_changes or {})
         child_row = new_child.to_row() if new_child is not None else None
 
-        def insert(conn: sqlite3.Connection) -> list[StoredEvent | None]:
+        async def insert(tx: Tx) -> list[StoredEvent | None]:
             stored: list[StoredEvent | None] = []
             if child_row is not None:
-                conn.execute(_insert_child_sql(child_row), list(child_row.values()))
+                await tx.execute(_insert_child_sql(child_row), list(child_row.values()))
             if changes and batch and batch[0][1] is not None:
                 assignments = ", ".join(f"{name} = ?" for name in changes)
-                conn.execute(
+                await tx.execute(
                     f"UPDATE children SET {assignments} WHERE child_id = ?",
                     [*changes.values(), batch[0][1]],
                 )
             for entry in batch:
                 values = _event_values(entry)
-                cursor = conn.execute(
-                    "INSERT OR IGNORE INTO events "
-                    "(uuid, session_id, child_id, kind, payload, created_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    values,
-                )
-                if cursor.rowcount == 0:
+                row = await tx.fetchrow(_INSERT_EVENT, values)
+                if row is None:  # its uuid is stored already
                     stored.append(None)
                     continue
                 usage = _usage_values(values, entry[3])
                 if usage is not None:
-                    conn.execute(
-                        "INSERT OR IGNORE INTO turn_usage (uuid, session_id, child_id, "
-                        f"{', '.join(_SPEND_COLUMNS)}, created_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        usage,
-                    )
-                stored.append(_stored_event(int(cursor.lastrowid or 0), values, entry[3]))
+                    await tx.execute(_INSERT_USAGE, usage)
+                stored.append(_stored_event(int(row["seq"]), values, entry[3]))
             return stored
 
-        return await self._write(insert)
+        return await self.db.write(insert)
 
     async def events(
         self,
@@ -739,58 +756,30 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-
-        def rows() -> list[StoredEvent]:
-            cursor = self._db.conn.execute(sql, params)
-            names = [d[0] for d in cursor.description]
-            out = []
-            for values in cursor.fetchall():
-                row = dict(zip(names, values, strict=True))
-                row["payload"] = json.loads(row["payload"])
-                out.append(StoredEvent(**row))
-            return out
-
-        return await self._run(rows)
+        return [_event(row) for row in await self._fetch(sql, params)]
 
     async def last_root_turn_end(self, session_id: str) -> StoredEvent | None:
         """The event that ended the root parent agent's last turn, or None.
         Found through its `turn_usage` row, so reading it costs the session's
         turns, not its events (every view's outcome reads it, `outcome.py`)."""
-
-        def row() -> StoredEvent | None:
-            cursor = self._db.conn.execute(
-                "SELECT e.* FROM turn_usage t JOIN events e ON e.uuid = t.uuid"
-                # `+`: by the session's index, not child_id's (every root's '').
-                " WHERE t.session_id = ? AND +t.child_id = ? ORDER BY e.seq DESC LIMIT 1",
-                (session_id, ROOT_ID),
-            )
-            values = cursor.fetchone()
-            if values is None:
-                return None
-            data = dict(zip([d[0] for d in cursor.description], values, strict=True))
-            data["payload"] = json.loads(data["payload"])
-            return StoredEvent(**data)
-
-        return await self._run(row)
+        rows = await self._fetch(
+            "SELECT e.* FROM turn_usage t JOIN events e ON e.uuid = t.uuid"
+            # `|| ''`: by the session's index, not child_id's (every root's '').
+            " WHERE t.session_id = ? AND t.child_id || '' = ? ORDER BY e.seq DESC LIMIT 1",
+            (session_id, ROOT_ID),
+        )
+        return _event(rows[0]) if rows else None
 
     # -- usage ------------------------------------------------------------------
 
     async def child_usage(self, session_id: str) -> dict[str, Spend]:
         """Each child's own spend (its finished turns), by child id; the root
         parent agent's under `ROOT_ID`."""
-        sums = ", ".join(f"sum({column})" for column in _SPEND_COLUMNS)
-
-        def rows() -> dict[str, Spend]:
-            cursor = self._db.conn.execute(
-                f"SELECT child_id, {sums} FROM turn_usage WHERE session_id = ? GROUP BY child_id",
-                (session_id,),
-            )
-            return {
-                row[0]: Spend.from_dict(dict(zip(_SPEND_COLUMNS, row[1:], strict=True)))
-                for row in cursor.fetchall()
-            }
-
-        return await self._run(rows)
+        rows = await self._fetch(
+            f"SELECT child_id, {_SUMS} FROM turn_usage WHERE session_id = ? GROUP BY child_id",
+            (session_id,),
+        )
+        return {row["child_id"]: _spend(row) for row in rows}
 
     async def subtree_usage(self, session_id: str) -> dict[str, Spend]:
         """Each child's spend with its descendants', by child id."""
@@ -810,21 +799,18 @@ class Store:
 
     async def descendants_usage(self, session_id: str, child_id: str) -> Spend:
         """What a child's children, theirs, and so on spent (not the child itself)."""
-        sums = ", ".join(f"coalesce(sum({column}), 0)" for column in _SPEND_COLUMNS)
-        sql = f"""
+        rows = await self._fetch(
+            f"""
             WITH RECURSIVE below(id) AS (
                 SELECT child_id FROM children WHERE session_id = ? AND parent_id = ?
                 UNION
                 SELECT c.child_id FROM children c JOIN below b ON c.parent_id = b.id
             )
-            SELECT {sums} FROM turn_usage WHERE child_id IN (SELECT id FROM below)
-        """
-
-        def total() -> Spend:
-            row = self._db.conn.execute(sql, (session_id, child_id)).fetchone()
-            return Spend.from_dict(dict(zip(_SPEND_COLUMNS, row, strict=True)))
-
-        return await self._run(total)
+            SELECT {_SUMS} FROM turn_usage WHERE child_id IN (SELECT id FROM below)
+            """,
+            (session_id, child_id),
+        )
+        return _spend(rows[0])
 
     async def session_usage(self, session_id: str) -> Spend:
         """What the session spent, in total: its root parent agent and every

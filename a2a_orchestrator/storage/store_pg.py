@@ -1,22 +1,24 @@
 """`PgStore`: the orchestrator's store in PostgreSQL, shared by replicas.
 
-The same store as `store.Store` (sessions, children, events, turn usage,
-subscriptions, runners, the tool-call journal), with the same contract, in
-a PostgreSQL database several orchestrator processes share; plus session
-leases (`session_leases`), which say which replica runs each session
-(`session_leases.py`).
+The same `Store` (sessions, children, events, turn usage, subscriptions,
+runners, the tool-call journal), its statements written once over the
+database interface (`database/`), run on PostgreSQL through asyncpg
+(`database.postgres`), in a database several orchestrator processes share;
+plus session leases (`leases`, `leases.py`), which say which replica runs
+each session (`session_leases.py`).
 
 Contract (what differs from the SQLite store, and why):
-- One asyncpg connection per store (the driver a2a-sdk's PostgreSQL task
-  store uses; no second driver), one call at a time (`PgConnection`), so
-  statements and transactions never interleave. It is opened, and the
-  migrations applied, at the first call. A database error is a `StoreError`.
-- Writes on a child's critical path go through a group-commit writer
-  (`_PgGroupWriter`): writes arriving while a commit is in flight are
-  committed together; each returns once its transaction is committed, so
-  nothing is announced before it is in the database.
-- Migrations (`MIGRATIONS`) are applied in one transaction under an advisory
-  lock: replicas starting at once apply each migration once, in order.
+- One asyncpg connection per store, one call at a time
+  (`database.postgres.PgConnection`), so statements and transactions never
+  interleave. It is opened, and the migrations applied, at the first call.
+  A database error is a `StoreError`.
+- Writes go through a group-commit writer (`PgGroupWriter`): writes
+  arriving while a commit is in flight are committed together; each returns
+  once its transaction is committed, so nothing is announced before it is
+  in the database.
+- Migrations (`PG_HISTORY`, then the one list, `store.MIGRATIONS`) are
+  applied in one transaction under an advisory lock: replicas starting at
+  once apply each migration once, in order.
 - `seq` orders events as SQLite's does. PostgreSQL hands out sequence
   numbers before commit, so two writers' events could commit out of order;
   one session has one writer (its lease holder, through one connection), so
@@ -26,43 +28,15 @@ Contract (what differs from the SQLite store, and why):
 
 from __future__ import annotations
 
-import json
-import time
-import uuid as uuidlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit, urlunsplit
+from .database.postgres import PgConnection, PgDatabase
+from .journal import ToolJournal
+from .leases import TABLE as LEASES_TABLE
+from .leases import LeaseTable
+from .store import MIGRATIONS, Store
 
-import anyio
+__all__ = ["PG_HISTORY", "PgStore"]
 
-from ..errors import ConfigError, StoreError
-from ..runtime.budgets import Spend
-from .groupcommit import GroupCommit, Write
-from .journal import JournalRow, ToolJournal
-from .store import (
-    _SPEND_COLUMNS,
-    ROOT_ID,
-    ChildRecord,
-    EventEntry,
-    RunnerRecord,
-    Store,
-    StoredEvent,
-    _event_values,
-    _insert_child_sql,
-    _stored_event,
-    _usage_values,
-)
-
-__all__ = ["MIGRATIONS", "Lease", "PgConnection", "PgStore", "Tx"]
-
-T = TypeVar("T")
-
-_NOW = "extract(epoch from clock_timestamp())::float8"
-# Any fixed number: the advisory lock that serialises migrations across replicas.
-_MIGRATION_LOCK = 0x0A2A0051
-
-MIGRATIONS: list[tuple[str, str]] = [
+PG_HISTORY: list[tuple[str, str]] = [
     (
         "m001_initial",
         """
@@ -99,14 +73,6 @@ MIGRATIONS: list[tuple[str, str]] = [
             heartbeat_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION,
             stop_request TEXT, stop_confirmed TEXT, stopped INTEGER
         );
-        CREATE TABLE tool_calls (
-            marker TEXT PRIMARY KEY, scope TEXT NOT NULL, call_id TEXT NOT NULL,
-            tool TEXT NOT NULL, arguments TEXT NOT NULL, runner_pid BIGINT NOT NULL,
-            runner_ticks BIGINT NOT NULL, runner_boot TEXT NOT NULL,
-            started_at DOUBLE PRECISION NOT NULL, pgid BIGINT, pgid_ticks BIGINT,
-            finished_at DOUBLE PRECISION, outcome TEXT
-        );
-        CREATE INDEX tool_calls_open ON tool_calls (scope) WHERE finished_at IS NULL;
         CREATE TABLE turn_usage (
             uuid TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
             child_id TEXT NOT NULL, input_tokens BIGINT NOT NULL DEFAULT 0,
@@ -130,12 +96,6 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        "m003_tool_call_host",
-        # A journal row names its runner's host as well as its boot id: rows
-        # are judged by the machine they were written on (`journal.recovery`).
-        "ALTER TABLE tool_calls ADD COLUMN runner_host TEXT;",
-    ),
-    (
         "m004_root_usage",
         # The root parent agent's turns, counted under ROOT_ID ('') as the
         # SQLite store's m009 does.
@@ -155,535 +115,39 @@ MIGRATIONS: list[tuple[str, str]] = [
         ON CONFLICT (uuid) DO NOTHING;
         """,
     ),
+    (
+        "m005_leases",
+        # Session leases move to the one leases table, which role server
+        # replicas use for conversations too (`leases.py`), the live ones kept.
+        ";\n".join((LEASES_TABLE.create_statement, *LEASES_TABLE.indexes))
+        + """;
+        INSERT INTO a2a_leases (kind, key, holder, url, turns, expires_at)
+        SELECT 'session', session_id, owner, url, 1, expires_at FROM session_leases;
+        DROP TABLE session_leases;
+        """,
+    ),
 ]
-"""(name, SQL) in order; each applied once per database (`a2a_migrations`)."""
-
-
-def _dsn(url: str) -> str:
-    """libpq's form of a URL: `postgresql+asyncpg://` (SQLAlchemy style) is accepted."""
-    parts = urlsplit(url)
-    return urlunsplit(("postgresql", *parts[1:]))
-
-
-def _shown(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit((parts.scheme, netloc, *parts[2:]))
-
-
-def _numbered(sql: str) -> str:
-    """The SQL with each `%s` parameter marker numbered the way asyncpg
-    takes them (`$1`, `$2`, ...)."""
-    parts = sql.split("%s")
-    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
-
-
-class Tx:
-    """Statements on one connection: SQL with `%s` parameter markers, rows
-    as dicts."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def fetch(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self.conn.fetch(_numbered(sql), *params)]
-
-    async def fetchrow(self, sql: str, params: Iterable[Any] = ()) -> dict[str, Any] | None:
-        row = await self.conn.fetchrow(_numbered(sql), *params)
-        return dict(row) if row is not None else None
-
-    async def execute(self, sql: str, params: Iterable[Any] = ()) -> None:
-        await self.conn.execute(_numbered(sql), *params)
-
-
-class PgConnection:
-    """One asyncpg connection, one call at a time (an anyio lock).
-
-    Opened, and the migrations applied, at the first call. Outside a
-    transaction each statement commits on its own, so reads see the latest
-    committed state. A broken connection (a database restart) is reopened
-    at the next call.
-    """
-
-    def __init__(self, url: str, what: str) -> None:
-        try:
-            import asyncpg
-        except ImportError as exc:  # the optional extra is missing
-            raise ConfigError(
-                f"a PostgreSQL {what} needs asyncpg: pip install 'a2a-orchestrator[postgresql]'"
-            ) from exc
-        self._asyncpg = asyncpg
-        self.url = url
-        self.path = _shown(url)
-        self.what = what
-        self._lock = anyio.Lock()
-        self._closed = False
-        self._conn: Any = None
-
-    async def _connection(self) -> Any:
-        if self._conn is None or self._conn.is_closed():
-            try:
-                self._conn = await self._asyncpg.connect(_dsn(self.url), timeout=10)
-            except (OSError, self._asyncpg.PostgresError) as exc:
-                raise StoreError(f"cannot open {self.what} {self.path}: {exc}") from exc
-            await self._migrate(Tx(self._conn))
-        return self._conn
-
-    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        """Run `fn` alone on the connection; a database error is a `StoreError`."""
-        async with self._lock:
-            if self._closed:
-                raise ConfigError(f"{self.what} {self.path} is closed")
-            try:
-                return await fn(Tx(await self._connection()))
-            except (OSError, self._asyncpg.PostgresError, self._asyncpg.InterfaceError) as exc:
-                raise StoreError(f"{self.what} {self.path}: {exc}") from exc
-
-    def is_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, self._asyncpg.PostgresError)
-
-    def close(self) -> None:
-        # Synchronous, as `Store.close`: the connection is dropped, not drained.
-        if not self._closed:
-            self._closed = True
-            if self._conn is not None and not self._conn.is_closed():
-                self._conn.terminate()
-
-    @staticmethod
-    async def _migrate(tx: Tx) -> None:
-        """Apply the migrations not applied yet, once across replicas."""
-        async with tx.conn.transaction():
-            await tx.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            await tx.execute(
-                "CREATE TABLE IF NOT EXISTS a2a_migrations "
-                "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-            )
-            done = {r["name"] for r in await tx.fetch("SELECT name FROM a2a_migrations")}
-            for name, sql in MIGRATIONS:
-                if name not in done:
-                    await tx.conn.execute(sql)
-                    await tx.execute(
-                        "INSERT INTO a2a_migrations (name, applied_at) VALUES (%s, %s)",
-                        (name, time.time()),
-                    )
-
-
-class _PgGroupWriter(GroupCommit):
-    """Group commit over one `PgConnection`: `groupcommit`'s grouping and
-    contract (order kept, one savepoint per write, a cancelled waiter takes
-    its write back), in PostgreSQL's transactions."""
-
-    def __init__(self, connection: PgConnection) -> None:
-        super().__init__(self._flush_batch)
-        self._connection = connection
-
-    async def write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        return cast(T, await self._enqueue(fn))
-
-    async def _flush_batch(self, batch: list[Write]) -> None:
-        await self._connection.run(lambda tx: self._apply(tx, batch))
-
-    async def _apply(self, tx: Tx, batch: list[Write]) -> None:
-        async with tx.conn.transaction():
-            for item in batch:
-                try:
-                    # A savepoint: a failed write rolls back alone.
-                    async with tx.conn.transaction():
-                        item.result = await item.fn(tx)
-                except Exception as exc:
-                    if self._connection.is_error(exc):
-                        what = f"{self._connection.what} {self._connection.path}"
-                        error = StoreError(f"{what}: {exc}")
-                        error.__cause__ = exc
-                        item.error = error
-                    else:
-                        item.error = exc
-
-
-class PgToolJournal(ToolJournal):
-    """The tool-call journal's table in the PostgreSQL store (same rows and rules)."""
-
-    def __init__(self, connection: PgConnection) -> None:
-        self._pg = connection
-        self._own = False
-
-    def _write(self, sql: str, params: Iterable[Any]) -> Any:
-        values = list(params)
-        statement = sql.replace("?", "%s")
-        return self._pg.run(lambda tx: tx.execute(statement, values))
-
-    async def _rows(self, where: str, params: list[Any]) -> list[JournalRow]:
-        sql = f"SELECT * FROM tool_calls WHERE {where.replace('?', '%s')} ORDER BY started_at"
-        rows = await self._pg.run(lambda tx: tx.fetch(sql, params))
-        return [JournalRow.of(row) for row in rows]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Lease:
-    """A session's lease: the replica that runs it, and for how long yet."""
-
-    session_id: str
-    owner: str
-    """The replica's id."""
-    url: str
-    """Where the replica serves (requests for the session go there)."""
-    expires_in: float
-    """Seconds until it expires by the database's clock (negative: expired)."""
-
-    @property
-    def live(self) -> bool:
-        return self.expires_in > 0
-
-
-def _sums() -> str:
-    # sum() of BIGINT is NUMERIC in PostgreSQL: cast back to plain numbers.
-    return ", ".join(
-        f"coalesce(sum({c}), 0)::{'float8' if c in ('seconds', 'cost') else 'bigint'} AS {c}"
-        for c in _SPEND_COLUMNS
-    )
-
-
-def _spend(row: Mapping[str, Any]) -> Spend:
-    return Spend.from_dict({c: row[c] for c in _SPEND_COLUMNS})
-
-
-def _event(row: Mapping[str, Any]) -> StoredEvent:
-    data = dict(row)
-    data["payload"] = json.loads(data["payload"])
-    return StoredEvent(**data)
+"""The PostgreSQL store's schema up to the one migration list (`MIGRATIONS`,
+applied after it): (name, SQL) in order, each applied once per database
+(`a2a_migrations`). The tool-call journal's table is the journal's
+(`journal.TABLE`, created by it); a database made before keeps
+`m003_tool_call_host` among the names applied, the step that table's
+`added` columns now take."""
 
 
 class PgStore(Store):
     """The orchestrator's store in PostgreSQL (see the module docstring)."""
 
     def __init__(self, url: str) -> None:
+        # Not the SQLite file `Store.__init__` opens: the same store on another dialect.
         self.path = None
         self.url = url
-        self._pg = PgConnection(url, "store")
-        self._write_pg = _PgGroupWriter(self._pg).write
-        self.journal = PgToolJournal(self._pg)
+        shared = [(name, ";\n".join(statements)) for name, statements in MIGRATIONS]
+        connection = PgConnection(url, "store", [*PG_HISTORY, *shared])
+        self.db = PgDatabase(connection, own=True)
+        self.journal = ToolJournal(self.db)
+        self.leases = LeaseTable(connection, "session")
+        """Which replica runs each session (`leases.py`, `session_leases.py`)."""
 
     def close(self) -> None:
-        self._pg.close()
-
-    async def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        """Rows of a read."""
-        values = list(params)
-        return await self._pg.run(lambda tx: tx.fetch(sql, values))
-
-    async def _execute(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        """One statement in its own (group-committed) transaction; its rows."""
-        values = list(params)
-        return await self._write_pg(lambda tx: tx.fetch(sql, values))
-
-    # -- sessions -------------------------------------------------------------
-
-    async def create_session(
-        self,
-        session_id: str | None = None,
-        *,
-        title: str = "",
-        parent_session: str = "",
-        metadata: Mapping[str, Any] | None = None,
-    ) -> str:
-        sid = session_id or uuidlib.uuid4().hex
-        await self._execute(
-            "INSERT INTO sessions (id, title, parent_session, metadata, created_at) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-            (sid, title, parent_session, json.dumps(dict(metadata or {})), time.time()),
-        )
-        return sid
-
-    @staticmethod
-    def _session(row: Mapping[str, Any]) -> dict[str, Any]:
-        found = dict(row)
-        found["metadata"] = json.loads(found["metadata"] or "{}")
-        return found
-
-    async def get_session(self, session_id: str) -> dict[str, Any] | None:
-        rows = await self._query("SELECT * FROM sessions WHERE id = %s", (session_id,))
-        return self._session(rows[0]) if rows else None
-
-    async def set_session_metadata(self, session_id: str, key: str, value: Any) -> None:
-        # One UPDATE of one key, as the SQLite store's json_set.
-        await self._execute(
-            "UPDATE sessions SET metadata = jsonb_set("
-            "coalesce(nullif(metadata, ''), '{}')::jsonb, ARRAY[%s::text], %s::jsonb)::text "
-            "WHERE id = %s",
-            (key, json.dumps(value), session_id),
-        )
-
-    async def list_sessions(self) -> list[dict[str, Any]]:
-        rows = await self._query("SELECT * FROM sessions ORDER BY created_at")
-        return [self._session(r) for r in rows]
-
-    # -- children -------------------------------------------------------------
-
-    async def add_child(self, record: ChildRecord) -> None:
-        row = record.to_row()
-        await self._execute(_insert_child_sql(row, "%s"), row.values())
-
-    async def update_child(self, child_id: str, **changes: Any) -> None:
-        from sqlite_utils.db import NotFoundError  # what the SQLite store raises
-
-        if "config" in changes:
-            changes["config"] = json.dumps(changes["config"])
-        assignments = ", ".join(f"{name} = %s" for name in changes) or "child_id = child_id"
-        rows = await self._execute(
-            f"UPDATE children SET {assignments} WHERE child_id = %s RETURNING child_id",
-            [*changes.values(), child_id],
-        )
-        if not rows:
-            raise NotFoundError(child_id)
-
-    async def get_child(self, child_id: str) -> ChildRecord | None:
-        rows = await self._query("SELECT * FROM children WHERE child_id = %s", (child_id,))
-        return ChildRecord.from_row(rows[0]) if rows else None
-
-    async def list_children(
-        self,
-        *,
-        session_id: str | None = None,
-        parent_id: str | None = None,
-        statuses: Iterable[str] | None = None,
-    ) -> list[ChildRecord]:
-        clauses, params = _where({"session_id": session_id, "parent_id": parent_id})
-        if statuses is not None:
-            clauses.append("status = ANY(%s)")
-            params.append(list(statuses))
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = await self._query(f"SELECT * FROM children {where} ORDER BY created_at", params)
-        return [ChildRecord.from_row(r) for r in rows]
-
-    # -- subscriptions --------------------------------------------------------
-
-    async def put_subscription(
-        self, subscription_id: str, session_id: str, parent_id: str, spec: Mapping[str, Any]
-    ) -> None:
-        await self._execute(
-            "INSERT INTO subscriptions (id, session_id, parent_id, spec, created_at) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
-            "session_id = EXCLUDED.session_id, parent_id = EXCLUDED.parent_id, "
-            "spec = EXCLUDED.spec, created_at = EXCLUDED.created_at",
-            (subscription_id, session_id, parent_id, json.dumps(dict(spec)), time.time()),
-        )
-
-    async def delete_subscription(self, subscription_id: str) -> bool:
-        rows = await self._execute(
-            "DELETE FROM subscriptions WHERE id = %s RETURNING id", (subscription_id,)
-        )
-        return bool(rows)
-
-    async def subscriptions(self, session_id: str, parent_id: str) -> list[dict[str, Any]]:
-        rows = await self._query(
-            "SELECT id, spec FROM subscriptions WHERE session_id = %s AND parent_id = %s "
-            "ORDER BY created_at",
-            (session_id, parent_id),
-        )
-        return [{"id": r["id"], **json.loads(r["spec"])} for r in rows]
-
-    # -- runners ----------------------------------------------------------------
-
-    async def put_runner(self, record: RunnerRecord) -> None:
-        row = asdict(record)
-        updates = ", ".join(f"{k} = EXCLUDED.{k}" for k in row if k != "session_id")
-        await self._execute(
-            f"INSERT INTO runners ({', '.join(row)}) VALUES ({', '.join('%s' for _ in row)}) "
-            f"ON CONFLICT (session_id) DO UPDATE SET {updates}",
-            row.values(),
-        )
-
-    async def get_runner(self, session_id: str) -> RunnerRecord | None:
-        rows = await self._query("SELECT * FROM runners WHERE session_id = %s", (session_id,))
-        return RunnerRecord.from_row(rows[0]) if rows else None
-
-    async def update_runner(
-        self, session_id: str, token: str, **changes: Any
-    ) -> RunnerRecord | None:
-        assignments = ", ".join(f"{name} = %s" for name in changes)
-        rows = await self._execute(
-            f"UPDATE runners SET {assignments} WHERE session_id = %s AND token = %s RETURNING *",
-            [*changes.values(), session_id, token],
-        )
-        return RunnerRecord.from_row(rows[0]) if rows else None
-
-    # -- events ---------------------------------------------------------------
-
-    async def append_events(
-        self,
-        entries: Iterable[EventEntry],
-        *,
-        child_changes: Mapping[str, Any] | None = None,
-        new_child: ChildRecord | None = None,
-    ) -> list[StoredEvent | None]:
-        batch = list(entries)
-        changes = dict(child_changes or {})
-        spend_columns = ", ".join(_SPEND_COLUMNS)
-        child_row = new_child.to_row() if new_child is not None else None
-
-        async def insert(tx: Tx) -> list[StoredEvent | None]:
-            stored: list[StoredEvent | None] = []
-            if child_row is not None:
-                await tx.execute(_insert_child_sql(child_row, "%s"), list(child_row.values()))
-            if changes and batch and batch[0][1] is not None:
-                assignments = ", ".join(f"{name} = %s" for name in changes)
-                await tx.execute(
-                    f"UPDATE children SET {assignments} WHERE child_id = %s",
-                    [*changes.values(), batch[0][1]],
-                )
-            for entry in batch:
-                values = _event_values(entry)
-                row = await tx.fetchrow(
-                    "INSERT INTO events (uuid, session_id, child_id, kind, payload, created_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (uuid) DO NOTHING RETURNING seq",
-                    values,
-                )
-                if row is None:
-                    stored.append(None)
-                    continue
-                usage = _usage_values(values, entry[3])
-                if usage is not None:
-                    await tx.execute(
-                        f"INSERT INTO turn_usage (uuid, session_id, child_id, {spend_columns}, "
-                        "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                        "ON CONFLICT (uuid) DO NOTHING",
-                        usage,
-                    )
-                stored.append(_stored_event(int(row["seq"]), values, entry[3]))
-            return stored
-
-        return await self._write_pg(insert)
-
-    async def events(
-        self,
-        session_id: str | None = None,
-        *,
-        child_id: str | None = None,
-        after: int = 0,
-        limit: int | None = None,
-        kinds: Iterable[str] | None = None,
-    ) -> list[StoredEvent]:
-        clauses, params = _where({"session_id": session_id, "child_id": child_id})
-        clauses.insert(0, "seq > %s")
-        params.insert(0, after)
-        if kinds is not None:
-            clauses.append("kind = ANY(%s)")
-            params.append(list(kinds))
-        sql = f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq"
-        if limit is not None:
-            sql += " LIMIT %s"
-            params.append(limit)
-        return [_event(r) for r in await self._query(sql, params)]
-
-    async def last_root_turn_end(self, session_id: str) -> StoredEvent | None:
-        rows = await self._query(
-            "SELECT e.* FROM turn_usage t JOIN events e ON e.uuid = t.uuid"
-            " WHERE t.session_id = %s AND t.child_id = %s ORDER BY e.seq DESC LIMIT 1",
-            (session_id, ROOT_ID),
-        )
-        return _event(rows[0]) if rows else None
-
-    # -- usage ------------------------------------------------------------------
-
-    async def child_usage(self, session_id: str) -> dict[str, Spend]:
-        rows = await self._query(
-            f"SELECT child_id, {_sums()} FROM turn_usage WHERE session_id = %s GROUP BY child_id",
-            (session_id,),
-        )
-        return {r["child_id"]: _spend(r) for r in rows}
-
-    async def descendants_usage(self, session_id: str, child_id: str) -> Spend:
-        rows = await self._query(
-            f"""
-            WITH RECURSIVE below(id) AS (
-                SELECT child_id FROM children WHERE session_id = %s AND parent_id = %s
-                UNION
-                SELECT c.child_id FROM children c JOIN below b ON c.parent_id = b.id
-            )
-            SELECT {_sums()} FROM turn_usage WHERE child_id IN (SELECT id FROM below)
-            """,
-            (session_id, child_id),
-        )
-        return _spend(rows[0])
-
-    # -- leases -------------------------------------------------------------------
-
-    async def claim_lease(self, session_id: str, owner: str, url: str, seconds: float) -> Lease:
-        """Take (or renew) the session's lease for `owner` unless another
-        replica holds a live one; the lease as it stands after (its owner
-        says who won)."""
-
-        async def claim(tx: Tx) -> Lease:
-            await tx.execute(
-                "INSERT INTO session_leases (session_id, owner, url, expires_at, claimed_at) "
-                f"VALUES (%s, %s, %s, {_NOW} + %s::float8, {_NOW}) "
-                "ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, "
-                "url = EXCLUDED.url, expires_at = EXCLUDED.expires_at, "
-                "claimed_at = EXCLUDED.claimed_at "
-                "WHERE session_leases.owner = EXCLUDED.owner "
-                "OR session_leases.expires_at < EXCLUDED.claimed_at",
-                (session_id, owner, url, seconds),
-            )
-            row = await tx.fetchrow(_LEASE_SELECT + " WHERE session_id = %s", (session_id,))
-            assert row is not None  # inserted or kept just now, in this transaction
-            return _lease(row)
-
-        return await self._write_pg(claim)
-
-    async def renew_leases(
-        self, owner: str, session_ids: Iterable[str], seconds: float
-    ) -> set[str]:
-        """Extend `owner`'s leases of these sessions; the ones it still holds."""
-        wanted = list(session_ids)
-        if not wanted:
-            return set()
-        rows = await self._execute(
-            f"UPDATE session_leases SET expires_at = {_NOW} + %s::float8 "
-            "WHERE owner = %s AND session_id = ANY(%s) RETURNING session_id",
-            (seconds, owner, wanted),
-        )
-        return {r["session_id"] for r in rows}
-
-    async def release_lease(self, session_id: str, owner: str, *, hand_off: bool) -> None:
-        """Let go of `owner`'s lease: drop it (the session closed, nothing to
-        take over), or `hand_off` (expire it now: another replica takes the
-        session over at once)."""
-        if hand_off:
-            sql = "UPDATE session_leases SET expires_at = 0 WHERE session_id = %s AND owner = %s"
-        else:
-            sql = "DELETE FROM session_leases WHERE session_id = %s AND owner = %s"
-        await self._execute(sql, (session_id, owner))
-
-    async def lease(self, session_id: str) -> Lease | None:
-        rows = await self._query(_LEASE_SELECT + " WHERE session_id = %s", (session_id,))
-        return _lease(rows[0]) if rows else None
-
-    async def expired_leases(self, owner: str) -> list[Lease]:
-        """Other replicas' leases that expired (their sessions need a new owner)."""
-        rows = await self._query(
-            _LEASE_SELECT + f" WHERE owner <> %s AND expires_at < {_NOW} ORDER BY expires_at",
-            (owner,),
-        )
-        return [_lease(r) for r in rows]
-
-
-_LEASE_SELECT = (
-    f"SELECT session_id, owner, url, expires_at - {_NOW} AS expires_in FROM session_leases"
-)
-
-
-def _lease(row: Mapping[str, Any]) -> Lease:
-    return Lease(
-        session_id=row["session_id"],
-        owner=row["owner"],
-        url=row["url"],
-        expires_in=float(row["expires_in"]),
-    )
-
-
-def _where(equal: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
-    clauses = [f"{name} = %s" for name, value in equal.items() if value is not None]
-    return clauses, [value for value in equal.values() if value is not None]
+        self.db.close()

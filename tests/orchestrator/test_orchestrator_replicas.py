@@ -137,8 +137,8 @@ async def test_a_replica_cut_off_from_the_database_stops_its_sessions_before_the
                 with anyio.fail_after(LEASE):
                     await stopped.wait()
                 # Stopped before its lease ran out: no other replica could run it yet.
-                lease = await other.lease("s1")
-                assert lease is not None and lease.owner == "A" and lease.expires_in > 0
+                lease = await other.leases.get("s1")
+                assert lease is not None and lease.holder == "A" and lease.live
                 assert lost == ["s1"] and leases.held == set()
             finally:
                 tg.cancel_scope.cancel()
@@ -221,13 +221,13 @@ async def test_the_store_on_postgresql_migrates_once_and_holds_leases(postgres: 
         assert first is not None and again is None
         assert [e.uuid for e in await b.events("s1")] == ["u1"]
         # One live lease per session: the second replica is told who holds it.
-        assert (await a.claim_lease("s1", "A", "http://a", 30)).owner == "A"
-        held = await b.claim_lease("s1", "B", "http://b", 30)
-        assert (held.owner, held.url) == ("A", "http://a")
-        await a.release_lease("s1", "A", hand_off=True)
-        assert [lease.session_id for lease in await b.expired_leases("B")] == ["s1"]
-        assert (await b.claim_lease("s1", "B", "http://b", 30)).owner == "B"
-        assert await a.renew_leases("A", ["s1"], 30) == set()
+        assert (await a.leases.claim("s1", "A", 30, url="http://a")).holder == "A"
+        held = await b.leases.claim("s1", "B", 30, url="http://b")
+        assert (held.holder, held.url) == ("A", "http://a")
+        await a.leases.give_back("s1", "A", hand_off=True)
+        assert [lease.key for lease in await b.leases.expired("B")] == ["s1"]
+        assert (await b.leases.claim("s1", "B", 30, url="http://b")).holder == "B"
+        assert await a.leases.renew("A", ["s1"], 30) == set()
     finally:
         a.close()
         b.close()
@@ -267,7 +267,7 @@ async def test_a_killed_replicas_session_is_taken_over_and_every_result_delivere
                                 break
                             await anyio.sleep(0.1)
                     session_id = children[0].session_id
-                    lease = await store.lease(session_id)
+                    lease = await store.leases.get(session_id)
                     assert lease is not None and lease.url == url_a
 
                     # Replica B refuses a session A holds, naming A.

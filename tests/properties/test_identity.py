@@ -929,12 +929,8 @@ async def test_context_owners_on_both_kinds_of_task_store(tmp_path: Path) -> Non
     from a2a.types import Task, TaskState, TaskStatus
 
     from a2a_orchestrator.server.app import open_task_store
-    from a2a_orchestrator.storage.taskstore import (
-        ObservedTaskStore,
-        SQLiteTaskStore,
-        TaskOwner,
-        context_owners,
-    )
+    from a2a_orchestrator.storage.tasks.observed import observed as observing
+    from a2a_orchestrator.storage.tasks.sqlite import SQLiteTaskStore, TaskOwner, context_owners
 
     async def ignore(task: Task, context: ServerCallContext) -> None:
         return None
@@ -953,7 +949,7 @@ async def test_context_owners_on_both_kinds_of_task_store(tmp_path: Path) -> Non
                     status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
                 )
                 await store.save(task, ServerCallContext(user=TaskOwner(owner)))
-            observed = ObservedTaskStore(store, ignore)
+            observed = observing(store, ignore)
             found = [await context_owners(observed, c) for c in ("c1", "c2", "c3")]
             if isinstance(store, SQLiteTaskStore):
                 store.close()

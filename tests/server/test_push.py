@@ -53,8 +53,8 @@ from a2a_orchestrator.runtime.roles import find_role
 from a2a_orchestrator.server.app import RunningServer, run_role_server
 from a2a_orchestrator.server.push import PushPolicy
 from a2a_orchestrator.server.serving import bind_socket, serve
-from a2a_orchestrator.storage.pushstore import PushLimits, open_push_config_store
 from a2a_orchestrator.storage.store import Store
+from a2a_orchestrator.storage.tasks.push import PushLimits, open_push_config_store
 
 pytestmark = pytest.mark.anyio
 

@@ -190,7 +190,8 @@ async def lease_of(database: str, context_id: str) -> str | None:
     conn = await asyncpg.connect(database)
     try:
         return await conn.fetchval(  # type: ignore[no-any-return]
-            "SELECT replica FROM a2a_task_leases WHERE context_id = $1", context_id
+            "SELECT holder FROM a2a_leases WHERE kind = 'conversation' AND key = $1",
+            context_id,
         )
     finally:
         await conn.close()

@@ -22,7 +22,7 @@ from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.protocol.decoding import StreamDecoder
 from a2a_orchestrator.runtime.events import ChildEvent, Done, Failed, InputRequired, ToolResult
-from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
+from a2a_orchestrator.storage.tasks.sqlite import SQLiteTaskStore
 
 pytestmark = pytest.mark.anyio
 

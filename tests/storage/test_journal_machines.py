@@ -23,13 +23,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from sqlalchemy.ext.asyncio import create_async_engine
 from support.postgres import Postgres
 
 from a2a_orchestrator.models.base import ToolCall
 from a2a_orchestrator.storage import journal as journal_module
+from a2a_orchestrator.storage.database.postgres import PgDatabase
 from a2a_orchestrator.storage.journal import JournalRow, ToolJournal
-from a2a_orchestrator.storage.sharedjournal import SharedToolJournal
 from a2a_orchestrator.storage.store import Store
 from a2a_orchestrator.storage.store_pg import PgStore
 from a2a_orchestrator.tools.procs import start_ticks
@@ -124,14 +123,14 @@ async def test_the_postgresql_journal_leaves_other_machines_rows(
 
 
 @asynccontextmanager
-async def shared(postgres: Postgres) -> AsyncIterator[SharedToolJournal]:
-    engine = create_async_engine(postgres.url(postgres.database("shared"), "postgresql+asyncpg"))
+async def shared(postgres: Postgres) -> AsyncIterator[ToolJournal]:
+    db = PgDatabase.open(postgres.url(postgres.database("shared")), "tool-call journal")
+    journal = ToolJournal(db, shared=True)
     try:
-        journal = SharedToolJournal(engine)
         await journal.create()
         yield journal
     finally:
-        await engine.dispose()
+        journal.close()
 
 
 async def test_the_lease_holder_closes_other_machines_rows_without_signalling(

@@ -1,16 +1,16 @@
-"""The replicas' tool-call journal (`sharedjournal.py`) on a real PostgreSQL:
-the base journal's statements through SQLAlchemy, row for row, and recovery
-by conversation only."""
+"""The replicas' tool-call journal (`journal.py`, shared) on a real
+PostgreSQL: the journal's statements through asyncpg, row for row, and
+recovery by conversation only."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
-from sqlalchemy.ext.asyncio import create_async_engine
 from support.postgres import Postgres
 
 from a2a_orchestrator.models.base import ToolCall
-from a2a_orchestrator.storage.sharedjournal import SharedToolJournal
+from a2a_orchestrator.storage.database.postgres import PgDatabase
+from a2a_orchestrator.storage.journal import ToolJournal
 
 pytestmark = pytest.mark.anyio
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.anyio
 async def test_calls_round_trip_and_recovery_closes_one_conversation_only(
     postgres: Postgres,
 ) -> None:
-    engine = create_async_engine(postgres.url(postgres.database("journal"), "postgresql+asyncpg"))
-    journal = SharedToolJournal(engine)
+    db = PgDatabase.open(postgres.url(postgres.database("journal")), "tool-call journal")
+    journal = ToolJournal(db, shared=True)
     try:
         with anyio.fail_after(60):
             await journal.create()
@@ -44,7 +44,7 @@ async def test_calls_round_trip_and_recovery_closes_one_conversation_only(
             after = await journal.interrupted_calls("ctx-1")
             still_open = await journal.unfinished()
     finally:
-        await engine.dispose()
+        journal.close()
 
     assert {row.marker for row in open_rows} == {running, other}
     assert [(row.call_id, row.tool, row.arguments) for row in started] == [

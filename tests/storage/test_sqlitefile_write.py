@@ -1,7 +1,7 @@
 """`SQLiteFile.write`: committed on the event loop when the file is free,
 in a worker thread (waiting there, never on the loop) when another
 connection holds the write lock; a failing write is rolled back; the file's
-checkpoints move to a worker thread once it is written this way."""
+checkpoints move to the background once it is written this way."""
 
 from __future__ import annotations
 
@@ -92,9 +92,20 @@ async def test_a_failing_write_is_rolled_back_as_a_store_error(tmp_path: Path) -
         file.close()
 
 
+class _CountedCheckpoints(SQLiteFile):
+    """Counts the checkpoints it runs (each one the real checkpoint)."""
+
+    checkpoints = 0
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        super()._checkpoint(conn)
+        self.checkpoints += 1
+
+
 async def test_checkpoints_run_every_so_many_writes(tmp_path: Path) -> None:
     path = tmp_path / "f.db"
-    file = _file(path)
+    _file(path).close()
+    file = _CountedCheckpoints(path, "test file")
     statements: list[str] = []
     # SQLite's own trace of what the connection runs.
     file.conn.set_trace_callback(statements.append)
@@ -104,10 +115,15 @@ async def test_checkpoints_run_every_so_many_writes(tmp_path: Path) -> None:
                 await file.write(
                     lambda conn, n=n: conn.execute("INSERT INTO rows VALUES (?)", (n,))
                 )
+                # One checkpoint at a time: let each finish before the next is due.
+                while (running := file._checkpointing) is not None and running.is_alive():
+                    await anyio.sleep(0.005)
         file.conn.set_trace_callback(None)
         (auto,) = file.conn.execute("PRAGMA wal_autocheckpoint").fetchone()
         assert auto == 0  # no checkpoint inside a commit made on the loop
-        assert sum("wal_checkpoint" in s for s in statements) == 2
+        # Nor on the writing connection at all: they run on their own.
+        assert not any("wal_checkpoint" in s for s in statements)
+        assert file.checkpoints == 2
         assert _rows(path) == list(range(2 * CHECKPOINT_EVERY))
     finally:
         file.close()

@@ -16,7 +16,7 @@ from support.messages import collect, task_id_of, user_message
 from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.protocol.wire import EVENT_KEY
-from a2a_orchestrator.storage.taskstore import SQLiteTaskStore
+from a2a_orchestrator.storage.tasks.sqlite import SQLiteTaskStore
 
 pytestmark = pytest.mark.anyio
 
@@ -100,7 +100,8 @@ async def test_the_task_a_message_opened_is_found_by_the_messages_id(
     from a2a.server.tasks import InMemoryTaskStore
     from a2a.types import Message
 
-    from a2a_orchestrator.storage.taskstore import ObservedTaskStore, task_opened_by
+    from a2a_orchestrator.storage.tasks.observed import observed
+    from a2a_orchestrator.storage.tasks.sqlite import task_opened_by
 
     ours = SQLiteTaskStore(tmp_path / "t.db", coalesce=60.0)
     inner = ours if kind == "ours" else InMemoryTaskStore()
@@ -108,7 +109,7 @@ async def test_the_task_a_message_opened_is_found_by_the_messages_id(
     async def saved(task: Task, context: ServerCallContext) -> None:
         return None
 
-    store = ObservedTaskStore(inner, saved)  # as a role server wraps it
+    store = observed(inner, saved)  # as a role server wraps it
     me, other = as_user("me"), as_user("other")
     # The id's bytes in a text, under another id: found by bytes, not by id.
     decoy = Message(message_id="m-open").SerializeToString().decode()
@@ -284,7 +285,7 @@ async def test_a_role_server_writes_a_turn_at_its_tool_results_and_its_end(
     tool's result and the end of the turn are, each with every frame before."""
 
     from a2a_orchestrator.server import app as server_module
-    from a2a_orchestrator.storage import taskstore
+    from a2a_orchestrator.storage.tasks import sqlite as taskstore
 
     # Real time would let the timer write a held frame on a loaded machine;
     # a long delay leaves the writes to the rules this test is about.
@@ -388,7 +389,7 @@ async def test_a_task_saved_frame_by_frame_round_trips_and_each_message_is_writt
     from a2a.types import Role
 
     from a2a_orchestrator.protocol.wire import write_at_once
-    from a2a_orchestrator.storage import taskstore
+    from a2a_orchestrator.storage.tasks import sqlite as taskstore
 
     written: list[int] = []
     original = taskstore.write_rows
@@ -611,6 +612,6 @@ async def test_a_file_of_the_whole_task_layout_is_read_and_migrated(tmp_path: Pa
 def test_the_head_is_every_field_of_a_task_but_its_history() -> None:
     """The head is built field by field: a field a newer SDK adds to Task
     must be added there, or the store would drop it."""
-    from a2a_orchestrator.storage.taskrows import HEAD_FIELDS
+    from a2a_orchestrator.storage.tasks.rows import HEAD_FIELDS
 
     assert {field.name for field in Task.DESCRIPTOR.fields} - {"history"} == HEAD_FIELDS

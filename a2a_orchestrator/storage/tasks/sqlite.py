@@ -4,7 +4,7 @@ Why not the SDK's `DatabaseTaskStore` for a role server's own file: through
 SQLAlchemy's async layer and aiosqlite, each save or get costs about 2 ms
 here, and the SDK saves the task on every event, so a five-event turn spent
 ~40 ms in the store (bench/delegation.py). This store keeps each task as
-protobuf bytes in rows (`taskrows`: the task without its history in one
+protobuf bytes in rows (`rows`: the task without its history in one
 row, each history message in a row of its own) and runs plain sqlite3: a
 few hundred microseconds a call in a worker thread, and its writes and
 indexed reads run on the event loop when the file is free
@@ -42,8 +42,6 @@ across owners: `context_owners` (which callers use a context id, so one
 caller cannot continue a conversation in another's context) and
 `unfinished` (start-up recovery).
 
-`ObservedTaskStore` wraps any task store to tell a listener of every save
-(the quotas learn from it which turns run and what they used).
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -74,12 +72,12 @@ from a2a.types import (
 )
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 
-from .sqlitefile import SQLiteFile
-from .taskrows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
+from ..sqlitefile import SQLiteFile
+from .observed import inside
+from .rows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
 
 __all__ = [
     "Listing",
-    "ObservedTaskStore",
     "SQLiteTaskStore",
     "TaskOwner",
     "context_owners",
@@ -112,7 +110,7 @@ class _Known:
     head: bytes
     """The task without its history, serialized."""
     history: list[bytes]
-    """Its history messages in order, each a `history` entry (`taskrows.entries`)."""
+    """Its history messages in order, each a `history` entry (`rows.entries`)."""
     last_id: str
     """The last history message's id: a save whose history has another
     message at that place does not extend this one."""
@@ -527,29 +525,6 @@ class SQLiteTaskStore(TaskStore):
         return await self._run(query)
 
 
-class ObservedTaskStore(TaskStore):
-    """`inner`, telling `on_save` of every task saved, after it is saved."""
-
-    def __init__(
-        self, inner: TaskStore, on_save: Callable[[Task, ServerCallContext], Awaitable[None]]
-    ) -> None:
-        self.inner = inner
-        self._on_save = on_save
-
-    async def save(self, task: Task, context: ServerCallContext) -> None:
-        await self.inner.save(task, context)
-        await self._on_save(task, context)
-
-    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
-        return await self.inner.get(task_id, context)
-
-    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
-        return await self.inner.list(params, context)
-
-    async def delete(self, task_id: str, context: ServerCallContext) -> None:
-        await self.inner.delete(task_id, context)
-
-
 class Listing(Protocol):
     """A store that lists tasks (a2a-sdk's `TaskStore`, its cluster's
     `VersionedTaskStore`)."""
@@ -566,9 +541,7 @@ async def task_opened_by(
     `message_id` opened (the first of its history: a repeat of that message
     finds it), or None: by `SQLiteTaskStore.task_opened_by` for our store,
     else by listing the context's tasks page by page."""
-    inner: object = store
-    while isinstance(inner, ObservedTaskStore):
-        inner = inner.inner
+    inner = inside(store)
     if isinstance(inner, SQLiteTaskStore):
         return await inner.task_opened_by(context_id, message_id, context)
     async for task in context_tasks(store, context_id, context):
@@ -596,8 +569,7 @@ async def context_owners(store: object, context_id: str) -> set[str] | None:
     """The owners of the tasks in `context_id` (any owner's; empty: the
     context has no task), for the stores that can tell (ours, a2a-sdk's SQL
     store); None for other stores."""
-    while isinstance(store, ObservedTaskStore):  # quotas and metrics each wrap it
-        store = store.inner
+    store = inside(store)  # observed for quotas, metrics, the executor
     if isinstance(store, SQLiteTaskStore):
         return await store.context_owners(context_id)
     if isinstance(store, DatabaseTaskStore):

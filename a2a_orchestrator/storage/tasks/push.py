@@ -45,9 +45,9 @@ from a2a.server.tasks.push_notification_config_store import normalize_push_notif
 from a2a.types import InvalidParamsError, TaskPushNotificationConfig
 from sqlalchemy import and_, func, select
 
-from ..errors import ConfigError
-from .sqlitefile import SQLiteFile
-from .taskstore import SQLiteTaskStore
+from ...errors import ConfigError
+from ..sqlitefile import SQLiteFile
+from .sqlite import SQLiteTaskStore
 
 __all__ = [
     "PUSH_MAX_PER_OWNER_ENV",
