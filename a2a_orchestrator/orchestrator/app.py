@@ -97,9 +97,8 @@ from ..server.serving import bind_socket
 from ..server.settings import settings_from
 from ..server.streams import StreamLimits, StreamSlots
 from ..storage.session_leases import Leases, SessionOwnedElsewhere
-from ..storage.store import Store
+from ..storage.store import Store, open_store
 from ..storage.store_pg import PgStore
-from ..storage.stores import open_store
 from ..tools import Sandbox
 from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .api import OWNER_KEY, api_routes
