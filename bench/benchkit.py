@@ -3,16 +3,27 @@ figures over rounds, and a line saying how busy the machine was."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def scratch(prefix: str) -> Path:
+    """A work directory for one bench run, removed when the process exits:
+    benches write databases there, and CI runs them (`--quick`) on every push."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    return work
 
 
 def start_servers(

@@ -50,11 +50,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import anyio
 import grpc.aio
@@ -84,7 +82,7 @@ from a2a.types import (
 )
 from a2a.utils.constants import TransportProtocol
 from anyio.abc import TaskGroup
-from benchkit import collector_line, machine_line, min_median
+from benchkit import collector_line, machine_line, min_median, scratch
 from starlette.applications import Starlette
 
 from a2a_orchestrator.delegation.base import ChildConfig
@@ -292,7 +290,7 @@ async def sdk_call(http: httpx.AsyncClient, url: str, *, batched: bool = False) 
 
 
 async def main(rounds: int, n: int) -> None:
-    work = Path(tempfile.mkdtemp(prefix="a2a-bench-"))
+    work = scratch("a2a-bench-")
     model = ScriptedModel(lambda messages: {"text": "ok"})
     replay = ReplayExecutor()
     served_replay = ServedReplayExecutor()

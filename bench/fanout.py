@@ -16,12 +16,19 @@ highest during the fan-out, less what it held just before, divided by N.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
 import anyio
-from benchkit import collector_line, cpu_seconds, machine_line, rss_mib, start_servers, stop_servers
+from benchkit import (
+    collector_line,
+    cpu_seconds,
+    machine_line,
+    rss_mib,
+    scratch,
+    start_servers,
+    stop_servers,
+)
 
 from a2a_orchestrator.cli.heap import settle
 from a2a_orchestrator.delegation.base import ChildConfig
@@ -119,7 +126,7 @@ async def fan_out(
 
 
 async def main(count: int, servers: int, default_gc: bool = False) -> None:
-    work = Path(tempfile.mkdtemp(prefix="a2a-fanout-"))
+    work = scratch("a2a-fanout-")
     processes, urls = start_servers(servers, work, [{"text": "ok"}])
     try:
         print(f"fan-out over {servers} role servers (processes), instant scripted model")

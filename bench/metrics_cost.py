@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
+from benchkit import scratch
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -41,7 +40,7 @@ def script(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def main(rounds: int, n: int) -> None:
-    work = Path(tempfile.mkdtemp(prefix="a2a-bench-metrics-"))
+    work = scratch("a2a-bench-metrics-")
     (work / "notes.txt").write_text("a note\n")
     model = ScriptedModel(script)
     role = find_role("architect")

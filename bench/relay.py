@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
-from benchkit import cpu_seconds, machine_line, start_servers, stop_servers
+from benchkit import cpu_seconds, machine_line, scratch, start_servers, stop_servers
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
@@ -70,7 +68,7 @@ async def relayed(session: Session, agent: str) -> tuple[int, float, float]:
 
 
 async def main(rounds: int, turns: int, calls: int, tool: str) -> None:
-    work = Path(tempfile.mkdtemp(prefix="a2a-relay-"))
+    work = scratch("a2a-relay-")
     (work / "note.txt").write_text("a short note\n")
     script = busy_script(turns, calls, tool)
     processes, urls = start_servers(1, work, script)

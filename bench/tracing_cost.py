@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 
 import anyio
 import anyio.to_thread
-from benchkit import machine_line, min_median
+from benchkit import machine_line, min_median, scratch
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -85,7 +83,7 @@ async def timed(count: int, call: Call, wall: list[float], cpu: list[float]) -> 
 
 
 async def main(rounds: int, n: int) -> None:
-    work = Path(tempfile.mkdtemp(prefix="a2a-bench-"))
+    work = scratch("a2a-bench-")
     model = ScriptedModel(lambda messages: {"text": "ok"})
     exporter = EncodingExporter()
     provider = TracerProvider()
