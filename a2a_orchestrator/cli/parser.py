@@ -69,7 +69,7 @@ def _seconds(text: str) -> float:
 
 
 def store_location(text: str) -> Path | str:
-    """A `--store` value: a PostgreSQL URL stays a string (`store.open_store`), else a path."""
+    """A `--store` value: a PostgreSQL URL stays a string (`opening.py`), else a path."""
     scheme = text.split("://", 1)[0].split("+", 1)[0] if "://" in text else ""
     return text if scheme in ("postgresql", "postgres") else Path(text)
 

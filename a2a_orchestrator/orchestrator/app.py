@@ -96,8 +96,9 @@ from ..server.requests import turn_request
 from ..server.serving import bind_socket
 from ..server.settings import settings_from
 from ..server.streams import StreamLimits, StreamSlots
+from ..storage.opening import open_store
 from ..storage.session_leases import Leases, SessionOwnedElsewhere
-from ..storage.store import Store, open_store
+from ..storage.store import Store
 from ..storage.store_pg import PgStore
 from ..tools import Sandbox
 from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths

@@ -64,8 +64,6 @@ __all__ = [
     "RunnerRecord",
     "Store",
     "StoredEvent",
-    "is_store_url",
-    "open_store",
 ]
 
 TURN_END_KINDS = ("done", "failed", "input_required")
@@ -831,20 +829,3 @@ class Store:
                 out.write(json.dumps(event.as_json(), ensure_ascii=False) + "\n")
             count += len(page)
             after = page[-1].seq
-
-
-def is_store_url(location: str | Path) -> bool:
-    """Whether a `--store` value names a database server (a PostgreSQL
-    database shared by orchestrator replicas) rather than an SQLite file."""
-    text = str(location)
-    return "://" in text and text.split("://", 1)[0].split("+", 1)[0] in ("postgresql", "postgres")
-
-
-def open_store(location: str | Path) -> Store:
-    """Open the store a `--store` value names: an SQLite file (the embedded,
-    zero-setup default) or a PostgreSQL URL (`store_pg.PgStore`)."""
-    if is_store_url(location):
-        from .store_pg import PgStore
-
-        return PgStore(str(location))
-    return Store(location)

@@ -126,7 +126,7 @@ def sandbox_of(args: argparse.Namespace) -> Sandbox:
 
 
 def existing_store(path: Path | str) -> Store:
-    from ...storage.store import open_store
+    from ...storage.opening import open_store
 
     if isinstance(path, Path) and not path.exists():
         raise OrchestratorError(f"no store at {path} (run a task first, or pass --store)")
@@ -137,7 +137,7 @@ def new_store(path: Path | str) -> Store:
     """The store a command writes; a `.a2a` directory made for it is kept out of git.
     A PostgreSQL URL (a string) opens the shared store (`store_pg.py`)."""
     from ...delegation.session import keep_out_of_git
-    from ...storage.store import open_store
+    from ...storage.opening import open_store
 
     if isinstance(path, Path) and path.parent.name == ".a2a":
         keep_out_of_git(path.parent)
