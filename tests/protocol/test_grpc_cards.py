@@ -51,14 +51,14 @@ SCRIPT_ENV = {
 
 
 @contextmanager
-def served_coder(tmp_path: Path, *args: str) -> Iterator[tuple[str, str]]:
-    """`serve coder --grpc-port 0 ARGS` answering "the coder's answer"; its
+def served(tmp_path: Path, *args: str, role: str = "coder") -> Iterator[tuple[str, str]]:
+    """`serve ROLE --grpc-port 0 ARGS` answering "the coder's answer"; its
     URL and gRPC address."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"text": "the coder's answer"}]))
     (tmp_path / "w").mkdir()
     env = {**SCRIPT_ENV, "A2A_MODEL_SCRIPT": str(script)}
-    with serve_process(tmp_path / "w", "coder", "--grpc-port", "0", *args, env=env) as (
+    with serve_process(tmp_path / "w", role, "--grpc-port", "0", *args, env=env) as (
         _,
         url,
         banner,
@@ -108,7 +108,7 @@ def origins(card: dict[str, Any]) -> set[tuple[str, str, int | None]]:
 async def test_adk_refuses_a_card_that_lists_grpc(tmp_path: Path) -> None:
     """Why `separate` exists: the default card names the gRPC port."""
     with anyio.fail_after(60):
-        with served_coder(tmp_path) as (url, address):
+        with served(tmp_path) as (url, address):
             texts, errors = await ask_adk(url + CARD_PATH, "hello")
     assert texts == []
     assert len(errors) == 1, errors
@@ -120,7 +120,7 @@ async def test_adk_gets_its_answer_with_grpc_in_a_separate_card(
     tmp_path: Path, protocol: list[str]
 ) -> None:
     with anyio.fail_after(60):
-        with served_coder(tmp_path, "--grpc-card", "separate", *protocol) as (url, address):
+        with served(tmp_path, "--grpc-card", "separate", *protocol) as (url, address):
             async with httpx.AsyncClient(timeout=10) as http:
                 main = (await http.get(url + CARD_PATH)).json()
                 with_grpc = (await http.get(url + GRPC_CARD_PATH)).json()
@@ -140,6 +140,20 @@ async def test_adk_gets_its_answer_with_grpc_in_a_separate_card(
         assert {"url": grpc_first["url"], "transport": "GRPC"} in with_grpc["additionalInterfaces"]
     else:
         assert "additionalInterfaces" not in with_grpc
+
+
+async def test_the_orchestrator_serves_grpc_in_a_separate_card_from_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("A2A_GRPC_CARD", "separate")
+    with anyio.fail_after(60):
+        with served(tmp_path, role="orchestrator") as (url, address):
+            async with httpx.AsyncClient(timeout=10) as http:
+                main = (await http.get(url + CARD_PATH)).json()
+                with_grpc = (await http.get(url + GRPC_CARD_PATH)).json()
+    origin = urlsplit(url)
+    assert origins(main) == {(origin.scheme, origin.hostname, origin.port)}
+    assert with_grpc["supportedInterfaces"][0]["url"] == address
 
 
 async def test_the_orchestrator_client_takes_grpc_from_the_card_at_card_path(
