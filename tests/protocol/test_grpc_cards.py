@@ -111,6 +111,8 @@ async def test_adk_refuses_a_card_that_lists_grpc(tmp_path: Path) -> None:
         with served(tmp_path) as (url, address):
             texts, errors = await ask_adk(url + CARD_PATH, "hello")
     assert texts == []
+    # ADK's words (2.13): should a later ADK take this card, the docs'
+    # "ADK refuses that card" (docs/operating.md, gRPC) is to be revised.
     assert len(errors) == 1, errors
     assert f"Agent card RPC URL must use https, or http on a loopback host: {address}" in errors[0]
 
@@ -146,14 +148,18 @@ async def test_the_orchestrator_serves_grpc_in_a_separate_card_from_the_variable
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("A2A_GRPC_CARD", "separate")
+    monkeypatch.setenv("A2A_AUTH_TOKEN", "s3cret-cards")
     with anyio.fail_after(60):
         with served(tmp_path, role="orchestrator") as (url, address):
+            # Both cards are public: fetched without the token auth asks for.
             async with httpx.AsyncClient(timeout=10) as http:
-                main = (await http.get(url + CARD_PATH)).json()
-                with_grpc = (await http.get(url + GRPC_CARD_PATH)).json()
+                main = (await http.get(url + CARD_PATH)).raise_for_status().json()
+                with_grpc = (await http.get(url + GRPC_CARD_PATH)).raise_for_status().json()
+                refused = await http.post(url + "/", json={})
     origin = urlsplit(url)
     assert origins(main) == {(origin.scheme, origin.hostname, origin.port)}
     assert with_grpc["supportedInterfaces"][0]["url"] == address
+    assert refused.status_code == 401
 
 
 async def test_the_orchestrator_client_takes_grpc_from_the_card_at_card_path(
