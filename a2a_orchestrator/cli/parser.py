@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from .._version import __version__
-from ..protocol.versions import PROTOCOLS
+from ..protocol.versions import GRPC_CARD_PATH, GRPC_CARDS, PROTOCOLS
 from .defaults import DEFAULT_STORE, DEFAULT_TOKEN_ENV
 
 __all__ = ["SESSION_HELP", "build_parser", "store_location"]
@@ -272,6 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also serve A2A over gRPC on this port (0: any free one), preferred in the card; "
         "same host, tasks and auth (default: $A2A_GRPC_PORT, else no gRPC)",
+    )
+    serve.add_argument(
+        "--grpc-card",
+        choices=GRPC_CARDS,
+        default=None,
+        help="with --grpc-port, the card that lists gRPC: main (the agent card) or separate "
+        f"(only a second card, at {GRPC_CARD_PATH}: the agent card then lists HTTP "
+        "endpoints only, as stock Google ADK clients require) (default: $A2A_GRPC_CARD or main)",
     )
     serve.add_argument(
         "--token-env",

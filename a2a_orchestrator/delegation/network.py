@@ -27,6 +27,12 @@ public key or a JWKS; a path, relative to the agent file, or an https URL):
 
 With `card_key` alone a signed card must verify and an unsigned one passes.
 
+An agent whose card is not at the well-known path names the path on its
+server (`serve --grpc-port N --grpc-card separate` lists gRPC only in a
+second card, here):
+
+    card_path = "/.well-known/agent-card-grpc.json"
+
 An agent given long tasks can answer by push notifications instead of a
 stream held open for the whole task (needs `serve orchestrator`, whose
 webhook endpoint receives them; elsewhere the child streams):
@@ -115,6 +121,9 @@ class AgentSpec:
     JWKS, as a file path or an https URL (`cards.verify_card`)."""
     require_signature: bool = False
     """Refuse its card when it carries no signature (needs `card_key`)."""
+    card_path: str | None = None
+    """The path of its agent card on its server (None: the well-known
+    `/.well-known/agent-card.json`)."""
     push: bool = False
     """Delegate in push mode: the agent posts the task's updates to the
     orchestrator's webhook endpoint (`transports/push_receiver.py`)."""
@@ -129,6 +138,7 @@ class AgentSpec:
             ("name", _name_problem(self.name)),
             ("role", _name_problem(self.role)),
             ("url", _url_problem(self.url)),
+            ("card_path", _card_path_problem(self.card_path)),
             ("token_env", _token_env_problem(self.token_env)),
             ("port", _port_problem(self.port)),
             ("token_url", _url_problem(self.token_url)),
@@ -218,6 +228,7 @@ class _AgentFile(OperatorFile):
     port: Port | None = None
     card_key: StrictStr | None = None
     require_signature: Flag = False
+    card_path: StrictStr | None = None
     push: Flag = False
     token_url: StrictStr | None = None
     client_id: StrictStr | None = None
@@ -287,6 +298,7 @@ def load_agent_file(
             source=path,
             card_key=card_key,
             require_signature=fields.require_signature,
+            card_path=fields.card_path,
             push=fields.push,
             **oauth,
         )
@@ -475,6 +487,15 @@ def _url_problem(value: object) -> str | None:
     parts = urlsplit(value)
     if parts.scheme not in {"http", "https"} or not parts.netloc:
         return f"{value!r} is not an http:// or https:// URL"
+    return None
+
+
+def _card_path_problem(value: str | None) -> str | None:
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if not value.startswith("/") or value.startswith("//") or parts.query or parts.fragment:
+        return f"{value!r} is not a path on the agent's server (one starting with '/')"
     return None
 
 

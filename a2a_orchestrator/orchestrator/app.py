@@ -936,7 +936,8 @@ async def run_orchestrator_server(
     each caller sees only its own tasks and sessions, on the A2A endpoint
     and the HTTP API alike. `card_options`: the protocol versions its card
     lists and its signing key (default: both, unsigned). `grpc_port` (0: any
-    free one): A2A over gRPC too, listed first in the card (`grpc_serving.py`).
+    free one): A2A over gRPC too, listed first in the card, or in a second
+    card (`card_options.grpc_card`; `grpc_serving.py`, `cards.py`).
 
     `metrics`: serve Prometheus metrics at `/metrics` (behind the callers'
     auth unless `metrics_public`), with the sessions' running children.
@@ -989,8 +990,8 @@ async def run_orchestrator_server(
     card = build_orchestrator_card(
         url, unsandboxed=unsandboxed, access=access, legacy=card_options.legacy
     )
-    if grpc is not None:
-        grpc.list_in(card)
+    # Signed last: after every interface is listed.
+    card, more_cards = card_options.served(card, grpc.list_in if grpc is not None else None)
     if isinstance(store, PgStore):
         leases = executor.use_leases(store, url=url, seconds=settings.lease_seconds)
         logger.info("orchestrator replica %s (leases of %ss)", leases.owner, settings.lease_seconds)
@@ -1003,8 +1004,9 @@ async def run_orchestrator_server(
     ]
     app = build_app(
         executor,
-        card_options.finish(card),  # signed last: after every interface is listed
+        card,
         open_task_store(db),
+        more_cards=more_cards,
         access=access,
         usage=UsageLog(usage_path(db, "orchestrator", workdir)) if access is not None else None,
         settings=settings,

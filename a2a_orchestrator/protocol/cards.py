@@ -8,6 +8,16 @@ read it. A v1.0 AgentCard has no such fields, so a strict v1.0 validator
 (the TCK's CARD-STRUCT-001) refuses that card; `protocol="1.0"` lists the
 1.0 endpoints only, which makes a card without them.
 
+gRPC: a server that serves it lists it first in its card (`grpc_card`
+`main`), or, with `separate`, only in a second card at `GRPC_CARD_PATH`
+(the first card plus the gRPC interfaces). Google ADK's `RemoteA2aAgent`
+(2.13, on a2a-sdk 1.3 and 0.3) refuses a card any of whose endpoints is off
+the origin the card was fetched from, and a gRPC port is one: a 1.3 client
+reads `supportedInterfaces`, a 0.3 one `url` and `additionalInterfaces`,
+so gRPC cannot hide in either. The well-known card of `separate` is one
+ADK takes; a gRPC client is pointed at the second (an agent file's
+`card_path`).
+
 Signature: a JWS over the card's canonical JSON (RFC 8785) with a
 detached payload, made with the operator's private key (PEM: RSA, EC
 P-256/384/521 or Ed25519). It covers the card exactly as served, minus
@@ -57,11 +67,14 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 from jwt.exceptions import PyJWKError, PyJWKSetError
 
 from ..errors import ConfigError, UntrustedCardError
-from .versions import PROTOCOLS
+from .versions import GRPC_CARD_PATH, GRPC_CARDS, PROTOCOLS
 
 __all__ = [
     "CARD_KEY_ENV",
     "CARD_KEY_ID_ENV",
+    "GRPC_CARDS",
+    "GRPC_CARD_ENV",
+    "GRPC_CARD_PATH",
     "PROTOCOLS",
     "PROTOCOL_ENV",
     "CardOptions",
@@ -73,6 +86,7 @@ PROTOCOL_ENV = "A2A_PROTOCOL"
 CARD_KEY_ENV = "A2A_CARD_KEY"
 """A PEM private key (the key itself, or the path of a file holding it)."""
 CARD_KEY_ID_ENV = "A2A_CARD_KEY_ID"
+GRPC_CARD_ENV = "A2A_GRPC_CARD"
 
 # Asymmetric algorithms only: a verifier accepting HS256 could be fooled by
 # a "signature" keyed with the public key itself.
@@ -96,14 +110,18 @@ Signer = Callable[[AgentCard], AgentCard]
 @dataclass(frozen=True)
 class CardOptions:
     """What a server's card carries beyond its role: the protocol versions
-    it lists and, with `signer`, a signature."""
+    it lists, with `signer` a signature, and which card lists gRPC
+    (`grpc_card`: `versions.GRPC_CARDS`)."""
 
     protocol: str = "both"
     signer: Signer | None = None
+    grpc_card: str = "main"
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol {self.protocol!r}: one of {', '.join(PROTOCOLS)}")
+        if self.grpc_card not in GRPC_CARDS:
+            raise ConfigError(f"gRPC card {self.grpc_card!r}: one of {', '.join(GRPC_CARDS)}")
 
     @property
     def legacy(self) -> bool:
@@ -114,6 +132,24 @@ class CardOptions:
         """The card as served: signed when there is a key."""
         return self.signer(card) if self.signer is not None else card
 
+    def served(
+        self, card: AgentCard, list_grpc: Callable[[AgentCard], None] | None = None
+    ) -> tuple[AgentCard, dict[str, AgentCard]]:
+        """The card to serve at the well-known path and the others to serve,
+        by path, each finished (signed). `list_grpc` adds a server's gRPC
+        interfaces to a card (None: the server has none): to `card` itself,
+        or with `grpc_card="separate"` to a copy served at `GRPC_CARD_PATH`."""
+        others: dict[str, AgentCard] = {}
+        if list_grpc is not None:
+            if self.grpc_card == "separate":
+                with_grpc = AgentCard()
+                with_grpc.CopyFrom(card)
+                list_grpc(with_grpc)
+                others[GRPC_CARD_PATH] = self.finish(with_grpc)
+            else:
+                list_grpc(card)
+        return self.finish(card), others
+
     @classmethod
     def from_settings(
         cls,
@@ -121,24 +157,26 @@ class CardOptions:
         protocol: str | None = None,
         key_path: Path | None = None,
         key_id: str | None = None,
+        grpc_card: str | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> CardOptions:
         """From the command line, else `A2A_PROTOCOL`, `A2A_CARD_KEY`,
-        `A2A_CARD_KEY_ID` (an empty variable counts as unset)."""
+        `A2A_CARD_KEY_ID`, `A2A_GRPC_CARD` (an empty variable counts as unset)."""
         protocol = protocol or environ.get(PROTOCOL_ENV) or "both"
         key_id = key_id or environ.get(CARD_KEY_ID_ENV) or None
+        grpc_card = grpc_card or environ.get(GRPC_CARD_ENV) or "main"
         if key_path is not None:
             pem = _read_key_file(key_path, str(key_path))
         else:
             value = environ.get(CARD_KEY_ENV, "").strip()
             if not value:
-                return cls(protocol=protocol)
+                return cls(protocol=protocol, grpc_card=grpc_card)
             pem = (
                 value.encode()
                 if value.startswith("-----BEGIN")
                 else _read_key_file(Path(value), f"{CARD_KEY_ENV} ({value})")
             )
-        return cls(protocol=protocol, signer=card_signer(pem, key_id=key_id))
+        return cls(protocol=protocol, signer=card_signer(pem, key_id=key_id), grpc_card=grpc_card)
 
 
 def _read_key_file(path: Path, what: str) -> bytes:

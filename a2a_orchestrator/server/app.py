@@ -369,6 +369,7 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     own_credentials: Mapping[str, HeaderCheck] | None = None,
     event_stream: TaskEventStream | None = None,
+    more_cards: Mapping[str, AgentCard] | None = None,
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
     `access` and `usage` (and closes them). `settings`: its body limits,
@@ -390,6 +391,9 @@ def build_app(
     the conversations its requests run (`metrics.py`). `event_stream`
     carries a versioned (replicas') `task_store`'s events to other
     replicas' subscribers (`replicas.py`).
+
+    `card` is served at the well-known path, `more_cards` at theirs (the
+    card listing gRPC, `CardOptions.served`), as public as it.
     """
     quotas = (
         Quotas(access.limits if access is not None else _no_limits, usage)
@@ -448,12 +452,20 @@ def build_app(
 
     # The builder hands the handler the request's refusal cell (quotas).
     builder = QuotaContextBuilder()
-    public = {AGENT_CARD_WELL_KNOWN_PATH}
+    more_cards = more_cards or {}
+    public = {AGENT_CARD_WELL_KNOWN_PATH, *more_cards}
     metrics_routes = [metrics.route()] if metrics is not None else []
     if settings.metrics_public:
         public.update(route.path for route in metrics_routes)
     routes = [
         *create_agent_card_routes(card, cache_control="public, max-age=60"),
+        *(
+            route
+            for path, other in more_cards.items()
+            for route in create_agent_card_routes(
+                other, card_url=path, cache_control="public, max-age=60"
+            )
+        ),
         *metrics_routes,
         *extra_routes,
         *create_jsonrpc_routes(
@@ -691,12 +703,13 @@ async def run_role_server(
         )
     card_options = settings.card_options or CardOptions()
     card = build_card(role, url, sandbox=sandbox, access=access, legacy=card_options.legacy)
-    if grpc is not None:
-        grpc.list_in(card)
+    # Signed last: after every interface is listed.
+    card, more_cards = card_options.served(card, grpc.list_in if grpc is not None else None)
     app = build_app(
         executor,
-        card_options.finish(card),  # signed last: after every interface is listed
+        card,
         task_store,
+        more_cards=more_cards,
         access=access,
         # Usage is kept per caller: with auth off there is one anonymous
         # caller and nothing to tell apart (nor a write per task to pay).

@@ -25,7 +25,7 @@ from a2a_orchestrator.orchestrator.app import MODE_KEY
 # A new option fails `test_every_serve_option_is_read_or_refused` until it is
 # put here (tested on both) or in ROLE_ONLY / ORCHESTRATOR_ONLY (refused).
 BOTH = {
-    "role", "host", "port", "db", "workdir", "public_url", "grpc_port", "token_env",
+    "role", "host", "port", "db", "workdir", "public_url", "grpc_port", "grpc_card", "token_env",
     "models", "body_timeout", "lease", "lease_seconds", "protocol", "card_key",
     "card_key_id", "push_allow", "push_max_per_task", "push_max_per_owner",
     "no_sandbox", "allow_network", "callers", "jwt_issuer", "jwt_audience",

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from a2a_orchestrator.delegation.network import AgentSpec, Network, load_agent_f
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.errors import ConfigError, UntrustedCardError
 from a2a_orchestrator.protocol.cards import (
+    GRPC_CARD_PATH,
     CardOptions,
     card_signer,
     public_jwk,
@@ -390,6 +392,37 @@ def test_a_served_signed_card_verifies_as_the_spec_says(
     assert ("url" in card) is not protocol
     assert len(card["signatures"]) == (1 if protocol else 2)
     spec_verify(card, serialization.load_pem_public_key(keys["public"].read_bytes()))
+
+
+@pytest.mark.parametrize("protocol", ["both", "1.0"])
+async def test_with_grpc_in_a_separate_card_both_cards_are_signed_as_served(
+    tmp_path: Path, keys: dict[str, Path], protocol: str
+) -> None:
+    options = CardOptions.from_settings(
+        protocol=protocol, key_path=keys["private"], grpc_card="separate", environ={}
+    )
+    spec = AgentSpec(
+        name="signer",
+        role="coder",
+        card_path=GRPC_CARD_PATH,
+        card_key=str(keys["jwks"]),
+        require_signature=True,
+    )
+    with anyio.fail_after(40):
+        async with role_server(
+            tmp_path / "s", lambda m: {"text": "signed"}, card_options=options, grpc_port=0
+        ) as server:
+            main = await fetch_card(server.url)
+            async with httpx.AsyncClient(timeout=10) as http:
+                with_grpc = (await http.get(server.url + GRPC_CARD_PATH)).json()
+            # Our client reads the second card, checks its signature with
+            # a2a-sdk's verifier, and delegates through it.
+            result = await delegate_once(tmp_path, replace(spec, url=server.url))
+    public = serialization.load_pem_public_key(keys["public"].read_bytes())
+    for card in (main, with_grpc):
+        spec_verify(card, public)
+    assert with_grpc["supportedInterfaces"][0]["url"] == server.grpc_address
+    assert isinstance(result, Done) and result.text == "signed"
 
 
 async def test_serve_protocol_and_card_key_from_flags_and_environment(

@@ -79,15 +79,19 @@ async def serve(args: argparse.Namespace) -> int:
         raise OrchestratorError(f"port {port} is not in 0..65535")
     access = access_of(args)
     metrics = metrics_of(args)
+    card_options = CardOptions.from_settings(
+        protocol=args.protocol,
+        key_path=args.card_key,
+        key_id=args.card_key_id,
+        grpc_card=args.grpc_card,
+    )
     common = dict(
         host=args.host,
         port=port,
         access=access,
         public_url=args.public_url,
         sandbox=sandbox,
-        card_options=CardOptions.from_settings(
-            protocol=args.protocol, key_path=args.card_key, key_id=args.card_key_id
-        ),
+        card_options=card_options,
         install_signal_handlers=True,
         grpc_port=_grpc_port(args),
         **metrics,
@@ -168,7 +172,8 @@ async def serve(args: argparse.Namespace) -> int:
         say(f"{name}: serving A2A at {server.url}")
         say(f"  agent card: {server.url}/.well-known/agent-card.json")
         if server.grpc_address is not None:
-            say(f"  gRPC: {server.grpc_address} (preferred in the card)")
+            listing = _grpc_listing(card_options.grpc_card, server.url)
+            say(f"  gRPC: {server.grpc_address} ({listing})")
         say(f"  {model_line}")
         if scripted:
             say(f"  ({MODEL_HINT})")
@@ -286,6 +291,15 @@ async def token(args: argparse.Namespace) -> int:
     )
     say(token)
     return 0
+
+
+def _grpc_listing(grpc_card: str, url: str) -> str:
+    """Which card lists the gRPC binding, for the banner."""
+    from ...protocol.versions import GRPC_CARD_PATH
+
+    if grpc_card == "separate":
+        return f"listed only in the card at {url}{GRPC_CARD_PATH}"
+    return "preferred in the card"
 
 
 def _grpc_port(args: argparse.Namespace) -> int | None:

@@ -164,15 +164,18 @@ class RemoteDelegate:
         return pools[turn]
 
     async def card(self, spec: AgentSpec) -> AgentCard:
-        """The agent's card (cached per URL and key), its signature checked
-        when the agent file names a `card_key`."""
+        """The agent's card (at its `card_path`, cached per URL, path and
+        key), its signature checked when the agent file names a `card_key`."""
         url = spec.url or ""
-        key = f"{url} {spec.card_key} {spec.require_signature}"
+        key = f"{url} {spec.card_path} {spec.card_key} {spec.require_signature}"
         card = self._cards.get(key)
         if card is None:
             try:
                 with translated(url):
-                    card = await A2ACardResolver(self.http, url).get_agent_card()
+                    # None: the well-known path.
+                    card = await A2ACardResolver(self.http, url).get_agent_card(
+                        relative_card_path=spec.card_path
+                    )
             except ValueError as exc:
                 # a2a-sdk lets a body that is not UTF-8 escape as a bare
                 # UnicodeDecodeError, which names no agent.
