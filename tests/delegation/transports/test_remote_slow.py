@@ -1,30 +1,41 @@
 """A slow agent is not a dead one: a remote child whose role server keeps
-stalling (SIGSTOP, SIGCONT) completes, once; one whose server stays stopped
+stalling (SIGSTOP, SIGCONT) completes, once, as does one whose agent's
+reads hang while its stream still speaks; one whose server stays stopped
 past `lost_after`, or dies, ends `lost`, and promptly.
 
 The role server is a real `serve coder` process on 127.0.0.1 whose scripted
 model answers after a silent delay (a long step sends no frames), so the
 orchestrator learns that the agent lives only from its probes' answers.
+The peer whose reads hang is a real HTTP server on 127.0.0.1 written below.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from a2a.types import ListTasksRequest
-from support.servers import a2a_client, start_role_server
+from google.protobuf.json_format import MessageToDict
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from support.servers import CARD_PATH, a2a_client, serving, start_role_server
 
 from a2a_orchestrator.delegation.base import ChildConfig
 from a2a_orchestrator.delegation.network import AgentSpec, Network
 from a2a_orchestrator.delegation.session import Session
 from a2a_orchestrator.delegation.transports import RemoteDelegate
 from a2a_orchestrator.runtime.events import Done, Failed
+from a2a_orchestrator.server.app import agent_card
 from a2a_orchestrator.storage.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -148,3 +159,95 @@ async def test_a_server_that_dies_loses_its_child_promptly(tmp_path: Path) -> No
     assert record is not None and record.status == "failed" and record.reason == "lost"
     # LOST_AFTER from the last frame, refused all along: no question waits.
     assert elapsed < LOST_AFTER + 1.0
+
+
+@dataclass
+class HangingReads:
+    """A real A2A peer (Starlette on uvicorn) whose reads hang (GetTask never
+    answers, as behind a locked database) while its stream still speaks:
+    the task once, then nothing for `quiet` seconds (a probe goes out), then
+    a WORKING frame every `beat` seconds, `beats` times, then the task done."""
+
+    quiet: float = 1.3
+    beat: float = 0.3
+    beats: int = 10
+    url: str = ""
+    calls: dict[str, int] = field(default_factory=dict)
+    spoke: float = 0.0
+    """When the stream spoke after its quiet spell."""
+    given_up: list[float] = field(default_factory=list)
+    """When each read was given up by its caller."""
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route(CARD_PATH, self.card, methods=["GET"]),
+                Route("/", self.rpc, methods=["POST"]),
+            ]
+        )
+
+    async def card(self, request: Request) -> Response:
+        card = agent_card(name="hanging", description="reads hang", url=self.url, skills=[])
+        return JSONResponse(MessageToDict(card))
+
+    async def rpc(self, request: Request) -> Response:
+        body = await request.json()
+        method, rpc_id = body["method"], body["id"]
+        self.calls[method] = self.calls.get(method, 0) + 1
+        if method == "SendStreamingMessage":
+            message = body["params"]["message"]
+            return StreamingResponse(self._stream(rpc_id, message), media_type="text/event-stream")
+        # Any read hangs until its caller gives it up.
+        while not await request.is_disconnected():
+            await anyio.sleep(0.05)
+        self.given_up.append(anyio.current_time())
+        return Response(status_code=503)
+
+    async def _stream(self, rpc_id: Any, message: dict[str, Any]) -> AsyncIterator[bytes]:
+        task: dict[str, Any] = {
+            "id": "hanging-task",
+            "contextId": message.get("contextId", "ctx"),
+            "status": {"state": "TASK_STATE_WORKING"},
+            "history": [message],
+        }
+        yield _sse({"task": task}, rpc_id)
+        await anyio.sleep(self.quiet)
+        self.spoke = anyio.current_time()
+        for _ in range(self.beats):
+            yield _sse({"task": task}, rpc_id)
+            await anyio.sleep(self.beat)
+        task["status"] = {"state": "TASK_STATE_COMPLETED"}
+        task["artifacts"] = [{"artifactId": "a1", "parts": [{"text": "done as reads hung"}]}]
+        yield _sse({"task": task}, rpc_id)
+
+
+def _sse(result: Any, rpc_id: Any) -> bytes:
+    payload = {"jsonrpc": "2.0", "id": rpc_id, "result": result}
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def test_a_stream_that_speaks_while_a_probe_hangs_keeps_its_child(tmp_path: Path) -> None:
+    peer = HangingReads()
+    store = Store(tmp_path / "o.db")
+    async with serving(peer.app()) as url:
+        peer.url = url
+        async with RemoteDelegate(idle_probe=IDLE_PROBE, lost_after=LOST_AFTER) as remote:
+            with anyio.fail_after(20):
+                async with _session(store, tmp_path, url, remote) as session:
+                    handle = await session.spawn(
+                        ChildConfig(role="peer", prompt="work", timeout=60), child_id="c1"
+                    )
+                    started = anyio.current_time()
+                    result = await handle.result()
+                    elapsed = anyio.current_time() - started
+    record = await store.get_child("c1")
+    store.close()
+    # The frames after the quiet spell kept the child past LOST_AFTER from
+    # the last frame before it, and answered the hanging probe: it was given
+    # up as they came, not left to wait for its own answer.
+    assert peer.calls.get("GetTask", 0) == len(peer.given_up) >= 1
+    assert all(0 <= t - peer.spoke < 0.5 for t in peer.given_up), (peer.spoke, peer.given_up)
+    assert peer.quiet + peer.beat * peer.beats > LOST_AFTER
+    assert isinstance(result, Done) and result.text == "done as reads hung", result
+    assert record is not None and record.status == "completed"
+    assert elapsed < peer.quiet + peer.beat * peer.beats + 2.0  # ended by the stream
