@@ -81,11 +81,13 @@ class RemoteDelegate:
     """Opens children on remote A2A agents (`Delegate` for agents with a URL).
 
     `idle_probe`: seconds of stream silence before the agent is asked about
-    the task (GetTask); also how long a probe or lookup may take.
+    the task (GetTask).
     `deadline_grace`: seconds past a turn's timeout before its task is
     cancelled and the child fails `timeout` (the agent's own timeout report
-    comes first when it can). `lost_after`: seconds an agent may stay
-    unreachable before its child fails `lost`. `default_timeout`: a turn's
+    comes first when it can). `lost_after`: seconds an agent may refuse or
+    reset connections, or leave a question (a probe, a lookup) unanswered,
+    before its child fails `lost`; a slow agent's late answer is contact
+    (`remote_run.py`). `default_timeout`: a turn's
     timeout when neither the child nor the role (as this orchestrator finds
     it) says. `push`: the orchestrator's webhook endpoint, for agents in
     push mode (`push_receiver.py`). Owns an httpx client unless given one;

@@ -17,8 +17,14 @@ Contract of a turn (`RemoteRun.turn`), so no child is left `running`:
 - A stream silent for `idle_probe` seconds is probed with GetTask: a task
   that is done ends the turn from the answer, a working one (a long command
   sends no frames) is waited for.
-- An agent unreachable (refused, timed out, unanswered probes) for
-  `lost_after` seconds ends the child `Failed(reason="lost")`.
+- Slow is not dead: a question (a probe, a read, a lookup) waits for its
+  answer until `lost_after` seconds of silence, and an answer or a frame
+  that comes late is contact like a prompt one; a frame that comes while a
+  probe waits answers the probe. A silent stream is no evidence (a working
+  task may say nothing): silence counts from a question asked.
+- An agent that still refuses or resets connections `lost_after` seconds
+  after it was last heard, or leaves a question unanswered that long, ends
+  the child `Failed(reason="lost")`.
 - A turn not over by its deadline (the child's timeout plus
   `deadline_grace`) has its task cancelled on the agent (best effort) and
   ends `Failed(reason="timeout")`. Only the deadline ends a working task.
@@ -51,7 +57,7 @@ import contextlib
 import logging
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import anyio
@@ -173,6 +179,8 @@ class RemoteRun:
         self._cancel_requested = False
         self._ended = False
         self._contact = 0.0
+        self._probing: anyio.CancelScope | None = None
+        """The GetTask of a probe in flight, ended by a frame (`_frame_came`)."""
         self._pause_rules: dict[str, Any] = {}
         """The pause rules (wire form) the task's turns should carry."""
         self._rules_unsent = False
@@ -225,8 +233,17 @@ class RemoteRun:
         """The agent answered: the `lost_after` clock starts again."""
         self._contact = anyio.current_time()
 
+    def _frame_came(self) -> None:
+        """A frame came on the stream (read ahead by `_read`, even while a
+        probe waits): contact, and the probe in flight is answered by it."""
+        self._heard()
+        if self._probing is not None:
+            self._probing.cancel()
+
     async def _unreachable(self, exc: DelegationError, emit: Emit) -> bool:
-        """Count a failed call toward `lost_after`; True once the child is lost (emitted)."""
+        """Count a refused or reset call toward `lost_after`; True once the
+        child is lost (emitted). A question that timed out waited
+        `lost_after` for its answer (`_call`): lost, unless a frame came meanwhile."""
         if anyio.current_time() - self._contact < self.delegate.lost_after:
             return False
         await emit(Failed(reason="lost", message=f"lost contact with {self.url}: {exc}"))
@@ -397,7 +414,7 @@ class RemoteRun:
         send, receive = anyio.create_memory_object_stream[StreamResponse | Exception](0)
         failure: Exception | None = None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_read, responses, send)
+            tg.start_soon(_read, responses, send, self._frame_came)
             try:
                 while True:
                     with anyio.move_on_after(self.delegate.idle_probe) as silent:
@@ -430,12 +447,16 @@ class RemoteRun:
         raise failure
 
     async def _probe(self, emit: Emit) -> bool:
-        """Ask a silent agent about the task; True once the turn is over."""
+        """Ask a silent agent about the task; True once the turn is over.
+        The answer is waited for until `lost_after` (`_call`), unless a frame
+        comes first: then the frame is the answer, read next by `_relay`."""
+        task: Task | None = None
+        scope = self._probing = anyio.CancelScope()
         try:
-            with translated(self.url):
+            with scope, translated(self.url):
                 if self.task_id:
                     request = GetTaskRequest(id=self.task_id)
-                    task: Task | None = await self.client.get_task(request, context=self._call())
+                    task = await self.client.get_task(request, context=self._call())
                 else:
                     task, _ = await self._find()
         except (AgentUnavailableError, DelegationTimeoutError) as exc:
@@ -447,6 +468,10 @@ class RemoteRun:
             self._heard()
             logger.info("probe of %s: %s", self.url, exc)
             return False
+        finally:
+            self._probing = None
+        if scope.cancelled_caught:
+            return False
         self._heard()
         if task is None:
             return False  # not created yet: its stream still may bring it
@@ -457,8 +482,10 @@ class RemoteRun:
         return self.decoder.finished_turn
 
     def _call(self) -> ClientCallContext:
-        """A call that gives up after `idle_probe` seconds (a probe, a lookup)."""
-        return ClientCallContext(timeout=self.delegate.idle_probe)
+        """A question (a probe, a read, a lookup) that waits for its answer
+        until `lost_after` seconds of silence: a slow agent's late answer is
+        contact, and only an agent silent that long is given up (`_unreachable`)."""
+        return ClientCallContext(timeout=self.delegate.lost_after)
 
     async def _find(self) -> tuple[Task | None, bool]:
         """The task the opening message started, if the agent has it, and
@@ -771,12 +798,15 @@ async def _drained(receive: MemoryObjectReceiveStream[StreamResponse | Exception
 async def _read(
     responses: AsyncIterator[StreamResponse],
     send: MemoryObjectSendStream[StreamResponse | Exception],
+    came: Callable[[], None],
 ) -> None:
-    """Hand a stream's responses (and then its error, if any) to `_relay`."""
+    """Hand a stream's responses (and then its error, if any) to `_relay`;
+    `came` is told of each one as it arrives, before `_relay` takes it."""
     try:
         async with send:
             try:
                 async for response in responses:
+                    came()
                     await send.send(response)
             except anyio.BrokenResourceError:
                 return  # the turn ended before the stream did
