@@ -36,10 +36,13 @@ def call_protocol(context: ServerCallContext) -> str:
     gRPC says it in the state (`PROTOCOL_STATE`). Over HTTP, the `A2A-Version`
     header: a2a-sdk serves the 1.0 routes and methods only to a 1.x header
     and the 0.3 ones only without one or with a 0.x one, so the header of a
-    request that got this far tells which it used."""
+    request that got this far tells which it used. A context without
+    headers was not made by a request (the server's own calls): 1.0."""
     known = context.state.get(PROTOCOL_STATE)
     if isinstance(known, str):
         return known
-    headers = context.state.get("headers") or {}
+    headers = context.state.get("headers")
+    if not isinstance(headers, dict):
+        return "1.0"
     asked = next((str(v) for k, v in headers.items() if k.lower() == "a2a-version"), "")
     return "1.0" if asked and not same_major(asked, "0.3") else "0.3"
