@@ -63,6 +63,7 @@ import anyio
 import httpx
 from a2a.compat.v0_3.conversions import to_compat_task
 from a2a.server.context import ServerCallContext
+from a2a.server.tasks import TaskStore
 from a2a.server.tasks.push_notification_sender import PushNotificationEvent, PushNotificationSender
 from a2a.types import TaskPushNotificationConfig
 from a2a.utils.errors import InvalidParamsError
@@ -264,7 +265,7 @@ class WebhookSender(PushNotificationSender):
         configs: DispatchStore,
         policy: PushPolicy,
         *,
-        tasks: Any = None,
+        tasks: TaskStore,
         attempts: int = 4,
         backoff: float = 0.5,
         timeout: float = 10.0,
