@@ -2,8 +2,8 @@
 registered through the v0.3 methods gets the v0.3 push payload (the task,
 in v0.3 JSON), one registered through v1.0 a v1.0 `StreamResponse`, and
 each keeps its shape across a restart of the server. A real role server
-and real webhook receivers on 127.0.0.1, raw JSON-RPC as a v0.3 and a v1.0
-client send it; only the model is scripted."""
+and real webhook receivers on 127.0.0.1; raw JSON-RPC as a v0.3 and a v1.0
+client send it, and the v0.3 gRPC service; only the model is scripted."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import grpc
+import grpc.aio
 import httpx
 import pytest
+from a2a.compat.v0_3 import a2a_v0_3_pb2, a2a_v0_3_pb2_grpc
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -48,6 +51,7 @@ async def coder(tmp_path: Path) -> AsyncIterator[RunningServer]:
         tmp_path,
         db=str(tmp_path / "role.db"),
         push_policy=PushPolicy.parse("127.0.0.0/8"),
+        grpc_port=0,
     ) as server:
         yield server
 
@@ -108,7 +112,10 @@ async def test_a_v0_3_registration_gets_v0_3_tasks_and_a_v1_0_one_stream_respons
     tmp_path: Path,
 ) -> None:
     with anyio.fail_after(40):
-        async with receivers(3) as (legacy, current, legacy_on_send), httpx.AsyncClient() as http:
+        async with (
+            receivers(4) as (legacy, current, legacy_on_send, legacy_grpc),
+            httpx.AsyncClient() as http,
+        ):
             async with coder(tmp_path) as server:
                 first = await rpc(
                     http,
@@ -142,6 +149,23 @@ async def test_a_v0_3_registration_gets_v0_3_tasks_and_a_v1_0_one_stream_respons
                     {"taskId": task_id, "id": "new", "url": current.url, "token": "t10"},
                     **V1,
                 )
+                # A v0.3 gRPC client (the 0.3 service, no a2a-version metadata).
+                assert server.grpc_address is not None
+                async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+                    await a2a_v0_3_pb2_grpc.A2AServiceStub(
+                        channel
+                    ).CreateTaskPushNotificationConfig(
+                        a2a_v0_3_pb2.CreateTaskPushNotificationConfigRequest(
+                            parent=f"tasks/{task_id}",
+                            config_id="grpc",
+                            config=a2a_v0_3_pb2.TaskPushNotificationConfig(
+                                name=f"tasks/{task_id}/pushNotificationConfigs/grpc",
+                                push_notification_config=a2a_v0_3_pb2.PushNotificationConfig(
+                                    id="grpc", url=legacy_grpc.url, token="t03g"
+                                ),
+                            ),
+                        )
+                    )
             # Restarted on the same file: each config keeps its version.
             async with coder(tmp_path) as server:
                 # The answer, sent by a v0.3 client registering a third webhook with it.
@@ -167,10 +191,10 @@ async def test_a_v0_3_registration_gets_v0_3_tasks_and_a_v1_0_one_stream_respons
                         },
                     },
                 )
-                for hook in (legacy, legacy_on_send, current):
+                for hook in (legacy, legacy_on_send, legacy_grpc, current):
                     await hook.until(completed)
     assert answer["kind"] == "task" and answer["id"] == task_id
-    for hook, token in ((legacy, "t03"), (legacy_on_send, "t03s")):
+    for hook, token in ((legacy, "t03"), (legacy_on_send, "t03s"), (legacy_grpc, "t03g")):
         assert {t for t, _ in hook.posts} == {token}
         # Each post is the whole task in v0.3 JSON, as a2a-sdk 0.3 sent it.
         for _, body in hook.posts:
