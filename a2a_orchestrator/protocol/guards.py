@@ -1,11 +1,23 @@
 """Route wrappers that answer bad input with the error the A2A spec names
-where a2a-sdk 1.3's own routes answer 500 or cut the connection.
+where a2a-sdk 1.3's own routes answer 500, cut the connection or answer
+another error, and label the HTTP+JSON answers as the spec does.
 
-What they cover (each found by fuzzing the served routes; `tests/properties/test_guards.py`):
+What they cover (most found by fuzzing the served routes,
+`tests/properties/test_guards.py`; the media types by the A2A TCK,
+`tests/protocol/test_tck_media.py`):
 
 - JSON-RPC (`/`): a body that is not UTF-8, or JSON nested past Python's
   recursion limit, gets -32603 internal error from the SDK; it is a parse
-  error, -32700.
+  error, -32700. A request whose Content-Type is not JSON is read by the SDK
+  all the same (-32700 when its body does not parse, else an answer); it is
+  ContentTypeNotSupportedError, -32005 (spec 5.4, 9.1; TCK JSONRPC-SSE-002),
+  in the v0.3 error shape for a v0.3 method. A request without a
+  Content-Type is read as JSON, as before: a client that leaves it out still
+  sends JSON-RPC. `application/json` and the `+json` types (`application/a2a+json`)
+  are JSON.
+- HTTP+JSON answers: a2a-sdk labels them `application/a2a+json`; the
+  binding's Content-Type is `application/json` (spec 11.1; TCK
+  HTTP_JSON-SVC-001), which they go out as. Streams stay `text/event-stream`.
 - HTTP+JSON, v1.0 and v0.3 (`/rest/...`, `/rest/v1/...`, and under a
   tenant): a body that is not UTF-8 gets HTTP 500 "unknown exception", on
   v0.3 also one that is not JSON, or a `historyLength` that is not an
@@ -30,7 +42,9 @@ from typing import Any
 
 from a2a.server.jsonrpc_models import JSONParseError
 from a2a.server.request_handlers.response_helpers import build_error_response
+from a2a.utils.constants import A2A_JSON_MEDIA_TYPE
 from a2a.utils.error_handlers import build_rest_error_payload
+from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, ContentTypeNotSupportedError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -92,8 +106,43 @@ def _json_problem(body: bytes) -> str | None:
     return _parsed(body)[1]
 
 
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    return (
+        not media
+        or media == "application/json"
+        or (media.startswith("application/") and media.endswith("+json"))
+    )
+
+
+def _unsupported_media(document: Any, media: str) -> Response:
+    """The JSON-RPC answer to a request whose Content-Type `media` is not
+    JSON; `document` is its body, parsed if it could be (its id and method)."""
+    request_id = document.get("id") if isinstance(document, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        request_id = None
+    method = document.get("method") if isinstance(document, dict) else None
+    error = ContentTypeNotSupportedError(
+        message=f"Content-Type {media} is not supported: JSON-RPC requests are application/json"
+    )
+    if isinstance(method, str) and "/" in method:
+        # A v0.3 method (`message/send`): v0.3 errors carry no ErrorInfo list.
+        code = JSON_RPC_ERROR_CODE_MAP[ContentTypeNotSupportedError]
+        body = {"code": code, "message": error.message}
+        answer = {"jsonrpc": "2.0", "id": request_id, "error": body}
+    else:
+        answer = build_error_response(request_id, error)
+    return JSONResponse(answer, status_code=200)
+
+
 def _jsonrpc_guard(endpoint: Endpoint) -> Endpoint:
     async def guarded(request: Request) -> Response:
+        media = _media_type(request)
+        if not _is_json(media):
+            return _unsupported_media(_parsed(await request.body())[0], media)
         document, problem = _parsed(await request.body())
         if problem is not None:
             error = build_error_response(None, JSONParseError(message=problem))
@@ -126,7 +175,9 @@ def _rest_guard(endpoint: Endpoint, *, streaming: bool) -> Endpoint:
                 return _rest_error(problem)
         response = await endpoint(request)
         if streaming:
-            return await _first_event_awaited(response)
+            response = await _first_event_awaited(response)
+        if response.headers.get("content-type", "").startswith(A2A_JSON_MEDIA_TYPE):
+            response.headers["content-type"] = "application/json"
         return response
 
     return guarded

@@ -47,18 +47,28 @@ import grpc.aio
 from a2a.auth.user import UnauthenticatedUser, User
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc
 from a2a.compat.v0_3.grpc_handler import CompatGrpcHandler
+from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import RequestHandler
 from a2a.server.request_handlers.grpc_handler import (
     DefaultGrpcServerCallContextBuilder,
     GrpcHandler,
 )
 from a2a.types import AgentCard, AgentInterface, a2a_pb2_grpc
-from a2a.utils.errors import A2A_ERROR_REASONS, A2AError, InvalidParamsError
+from a2a.utils.constants import VERSION_HEADER
+from a2a.utils.errors import (
+    A2A_ERROR_REASONS,
+    A2AError,
+    InvalidParamsError,
+    PushNotificationNotSupportedError,
+    UnsupportedOperationError,
+    VersionNotSupportedError,
+)
 from a2a.utils.grpc_status import status_to_grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from ..errors import CredentialError, IssuerUnavailableError
+from ..protocol.versions import PROTOCOL_STATE, same_major
 from .auth.callers import Caller
 from .serving import HEAD_TIMEOUT
 
@@ -171,12 +181,12 @@ class GrpcServing:
         """Serve `handler` (the HTTP app's) on both protocol versions."""
         if self._state is not _State.BOUND:
             raise RuntimeError(f"the gRPC server is {self._state.value}, it cannot start")
-        builder = _CallerContextBuilder()
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(
-            _ReasonedGrpcHandler(handler, context_builder=builder), self._server
+            _ReasonedGrpcHandler(handler, context_builder=_CallerContextBuilder("1.0")),
+            self._server,
         )
         a2a_v0_3_pb2_grpc.add_A2AServiceServicer_to_server(
-            CompatGrpcHandler(handler, context_builder=builder), self._server
+            CompatGrpcHandler(handler, context_builder=_CallerContextBuilder("0.3")), self._server
         )
         await self._server.start()
         self._state = _State.STARTED
@@ -197,30 +207,48 @@ class GrpcServing:
 
 
 class _ReasonedGrpcHandler(GrpcHandler):
-    """a2a-sdk's gRPC handler, whose invalid-params errors also carry their
-    `data` (a refused webhook's reason and address, `push.py`) as the
-    ErrorInfo's metadata: what the JSON-RPC and HTTP+JSON bindings put in
-    theirs. a2a-sdk's own sends an ErrorInfo without it."""
+    """a2a-sdk's gRPC handler, holding its errors to the spec's gRPC binding
+    where a2a-sdk 1.3 does not (TCK GRPC-ERR-002):
+
+    - each A2A error gets the status spec 5.4 maps it to: a2a-sdk answers
+      FAILED_PRECONDITION for the three `_SPEC_STATUS` names UNIMPLEMENTED;
+    - invalid-params errors also carry their `data` (a refused webhook's
+      reason and address, `push.py`) as the ErrorInfo's metadata: what the
+      JSON-RPC and HTTP+JSON bindings put in theirs (a2a-sdk's ErrorInfo
+      has none).
+
+    Every A2A error keeps its `google.rpc.ErrorInfo` (reason, domain
+    `a2a-protocol.org`) in the status details; validation errors keep
+    a2a-sdk's BadRequest detail."""
 
     async def abort_context(self, error: A2AError, context: grpc.aio.ServicerContext) -> None:
+        code = _SPEC_STATUS.get(type(error))
+        metadata: dict[str, str] = {}
         data = error.data if isinstance(error, InvalidParamsError) else None
-        # Validation errors (`errors`) keep a2a-sdk's BadRequest detail.
-        if not data or "errors" in data or not all(isinstance(v, str) for v in data.values()):
+        if data and "errors" not in data and all(isinstance(v, str) for v in data.values()):
+            code, metadata = grpc.StatusCode.INVALID_ARGUMENT, data
+        if code is None:
             await super().abort_context(error, context)
             return
         info = error_details_pb2.ErrorInfo(
-            reason=A2A_ERROR_REASONS[InvalidParamsError], domain="a2a-protocol.org", metadata=data
+            reason=A2A_ERROR_REASONS[type(error)], domain="a2a-protocol.org", metadata=metadata
         )
         detail = any_pb2.Any()
         detail.Pack(info)
-        status = status_pb2.Status(
-            code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=error.message, details=[detail]
-        )
+        status = status_pb2.Status(code=code.value[0], message=error.message, details=[detail])
         rich = status_to_grpc(status)
         context.set_trailing_metadata(
             (*(context.trailing_metadata() or ()), *rich.trailing_metadata)
         )
         await context.abort(rich.code, rich.details)
+
+
+# Spec 5.4's gRPC status where a2a-sdk 1.3's table says FAILED_PRECONDITION.
+_SPEC_STATUS: dict[type[A2AError], grpc.StatusCode] = {
+    PushNotificationNotSupportedError: grpc.StatusCode.UNIMPLEMENTED,
+    UnsupportedOperationError: grpc.StatusCode.UNIMPLEMENTED,
+    VersionNotSupportedError: grpc.StatusCode.UNIMPLEMENTED,
+}
 
 
 class _GrpcUser(User):
@@ -239,20 +267,47 @@ class _GrpcUser(User):
 
 
 class _CallerContextBuilder(DefaultGrpcServerCallContextBuilder):
-    """a2a-sdk's gRPC context builder, with the caller the interceptor authenticated."""
+    """a2a-sdk's gRPC context builder, with the caller the interceptor
+    authenticated, for the service of protocol `version` ("1.0", "0.3").
+
+    A call whose `a2a-version` metadata names another major version is
+    refused with VersionNotSupportedError, as the JSON-RPC and HTTP+JSON
+    routes refuse an `A2A-Version` header (a2a-sdk's gRPC handlers read
+    none). A call without one is served: unlike a JSON-RPC request, whose
+    methods share one URL, a gRPC call names its protocol by its service
+    (`lf.a2a.v1.A2AService` is 1.0, `a2a.v1.A2AService` 0.3). The version
+    is kept in the call context's state (`PROTOCOL_STATE`): a webhook
+    registered over 0.3 gets 0.3 payloads (`push.py`)."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    def build(self, context: grpc.aio.ServicerContext) -> ServerCallContext:
+        asked = _metadata_value(context.invocation_metadata(), VERSION_HEADER)
+        if asked and not same_major(asked, self.version):
+            raise VersionNotSupportedError(
+                message=f"A2A version '{asked}' is not supported by this service. "
+                f"Expected version '{self.version}'."
+            )
+        call = super().build(context)
+        call.state[PROTOCOL_STATE] = self.version
+        return call
 
     def build_user(self, context: grpc.aio.ServicerContext) -> User:
         caller = _CALLER.get()
         return _GrpcUser(caller) if caller is not None else UnauthenticatedUser()
 
 
-def _bearer(metadata: Any) -> str:
+def _metadata_value(metadata: Any, name: str) -> str:
     for key, value in metadata or ():
-        if key.lower() == "authorization":
-            text = value.decode("latin-1") if isinstance(value, bytes) else value
-            scheme, _, credential = text.partition(" ")
-            return credential.strip() if scheme.lower() == "bearer" else ""
+        if key.lower() == name.lower():
+            return str(value.decode("latin-1") if isinstance(value, bytes) else value)
     return ""
+
+
+def _bearer(metadata: Any) -> str:
+    scheme, _, credential = _metadata_value(metadata, "authorization").partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" else ""
 
 
 class _Authenticator(grpc.aio.ServerInterceptor):

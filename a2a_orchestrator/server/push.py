@@ -4,8 +4,15 @@ A caller registers a webhook for a task (`CreateTaskPushNotificationConfig`,
 or `configuration.taskPushNotificationConfig` on `SendMessage`); a2a-sdk's
 request handler checks its URL with `PushPolicy.validate`, keeps it in the
 server's task database (`tasks/push.py`) and hands every task event to
-`WebhookSender`, which POSTs it (a `StreamResponse`, as on a stream) to each
-webhook of the task.
+`WebhookSender`, which POSTs it to each webhook of the task.
+
+The payload has the shape of the protocol version the webhook was
+registered in (kept with its config, `tasks/push.py`): a v1.0 registration
+gets each event as a `StreamResponse` in v1.0 JSON, as on a stream; one made
+through the v0.3 methods (`tasks/pushNotificationConfig/set`, a v0.3
+`message/send` configuration, the v0.3 HTTP+JSON and gRPC services) gets
+the task as it stands after each event, a v0.3 `Task` (`"kind": "task"`),
+what the v0.3 spec's push notifications carry and a2a-sdk 0.3 sent.
 
 URL policy (`PushPolicy`): http and https only; the host is resolved and
 every address it has must be public, judged by a2a-sdk's
@@ -54,7 +61,9 @@ from typing import Any
 
 import anyio
 import httpx
-from a2a.server.tasks import PushNotificationConfigStore
+from a2a.compat.v0_3.conversions import to_compat_task
+from a2a.server.context import ServerCallContext
+from a2a.server.tasks import TaskStore
 from a2a.server.tasks.push_notification_sender import PushNotificationEvent, PushNotificationSender
 from a2a.types import TaskPushNotificationConfig
 from a2a.utils.errors import InvalidParamsError
@@ -64,7 +73,15 @@ from anyio.abc import TaskGroup
 from google.protobuf.json_format import MessageToDict
 
 from ..errors import ConfigError
-from ..storage.tasks.push import PushLimits, SQLitePushConfigStore, open_push_config_store
+from ..protocol.versions import call_protocol
+from ..storage.tasks.push import (
+    DispatchStore,
+    PushLimits,
+    PushTarget,
+    SQLitePushConfigStore,
+    open_push_config_store,
+)
+from ..storage.tasks.sqlite import TaskOwner
 
 __all__ = [
     "PUSH_ALLOW_ENV",
@@ -245,19 +262,22 @@ class WebhookSender(PushNotificationSender):
 
     def __init__(
         self,
-        configs: PushNotificationConfigStore,
+        configs: DispatchStore,
         policy: PushPolicy,
         *,
+        tasks: TaskStore,
         attempts: int = 4,
         backoff: float = 0.5,
         timeout: float = 10.0,
         backlog: int = 1000,
         drain_timeout: float = 3.0,
     ) -> None:
-        """`backlog`: deliveries queued per webhook of a task (older ones
-        dropped beyond it); `drain_timeout`: seconds queued deliveries may
-        still take when the server stops."""
+        """`tasks`: the task store the v0.3 payloads (the whole task) are
+        read from; `backlog`: deliveries queued per webhook of a task (older
+        ones dropped beyond it); `drain_timeout`: seconds queued deliveries
+        may still take when the server stops."""
         self.configs = configs
+        self.tasks = tasks
         self.policy = policy
         self.attempts = attempts
         self.backoff = backoff
@@ -290,18 +310,26 @@ class WebhookSender(PushNotificationSender):
 
     async def send_notification(self, task_id: str, event: PushNotificationEvent) -> None:
         try:
-            configs = await self.configs.get_info_for_dispatch(task_id)
+            targets = await self.configs.get_targets_for_dispatch(task_id)
         except Exception:
             logger.exception("push: cannot read the webhooks of task %s", task_id)
             return
-        if not configs:
+        if not targets:
             return
         tg = self._tg
         if tg is None:
             logger.warning("push: server stopping, event of task %s not delivered", task_id)
             return
-        body = json.dumps(MessageToDict(to_stream_response(event))).encode()
-        for config in configs:
+        # Made once per shape (a v0.3 task per owner: the one it is read as).
+        bodies: dict[tuple[str, str], bytes | None] = {}
+        for target in targets:
+            shape = (target.protocol, target.owner if target.protocol == "0.3" else "")
+            if shape not in bodies:
+                bodies[shape] = await self._body(task_id, event, target)
+            body = bodies[shape]
+            if body is None:
+                continue
+            config = target.config
             key = (task_id, config.id)
             queue = self._queues.get(key)
             if queue is None:
@@ -311,6 +339,25 @@ class WebhookSender(PushNotificationSender):
                 queue.popleft()
                 logger.warning("push: %s backlog full; oldest delivery dropped", config.url)
             queue.append(_Delivery(config, body))
+
+    async def _body(
+        self, task_id: str, event: PushNotificationEvent, target: PushTarget
+    ) -> bytes | None:
+        """What `target` is sent for `event`, in the shape of its protocol
+        (see the module docstring); None (logged) when the v0.3 task cannot
+        be read."""
+        if target.protocol != "0.3":
+            return json.dumps(MessageToDict(to_stream_response(event))).encode()
+        try:
+            # Read after the event was applied: the task as it now stands.
+            task = await self.tasks.get(task_id, ServerCallContext(user=TaskOwner(target.owner)))
+        except Exception:
+            logger.exception("push: cannot read task %s for its v0.3 webhooks", task_id)
+            return None
+        if task is None:
+            logger.warning("push: task %s not found for its v0.3 webhooks", task_id)
+            return None
+        return to_compat_task(task).model_dump_json(by_alias=True, exclude_none=True).encode()
 
     async def _work(self, key: tuple[str, str], queue: deque[_Delivery]) -> None:
         try:
@@ -402,8 +449,11 @@ class PushService:
 
     def __init__(self, task_store: Any, policy: PushPolicy | None = None) -> None:
         self.policy = policy if policy is not None else PushPolicy()
-        self.configs = open_push_config_store(task_store, self.policy.limits)
-        self.sender = WebhookSender(self.configs, self.policy)
+        # Each config keeps the protocol version it was registered in.
+        self.configs = open_push_config_store(
+            task_store, self.policy.limits, protocol_of=call_protocol
+        )
+        self.sender = WebhookSender(self.configs, self.policy, tasks=task_store)
 
     def handler_args(self) -> dict[str, Any]:
         """Keyword arguments of `DefaultRequestHandler`."""

@@ -13,6 +13,16 @@ not listed, read or deleted), while delivery reads every caller's
 of the tasks that have configs are kept in memory: an event of a task
 without any (nearly all of them) costs no read.
 
+A config is kept with the protocol version it was registered in ("1.0",
+"0.3": the store is given the function that tells, `ProtocolOf`), so a
+webhook registered through the v0.3 methods keeps getting v0.3 payloads
+after a restart; `get_targets_for_dispatch` hands each config out with its
+version and its owner (`PushTarget`). The SQLite file keeps it in a
+`protocol` column (a file from before it has the column added, its configs
+"1.0": what they were sent), the in-memory store beside its configs.
+a2a-sdk's database store (PostgreSQL, replicas) keeps no version: its
+configs all get "1.0" (the payloads replicas send every webhook).
+
 Every store here keeps the operator's `PushLimits`: each task event becomes
 one POST per config of the task, so a caller may not register configs
 without bound. A config past a limit (configs per task, all callers';
@@ -28,7 +38,9 @@ size the limits above never see.
 from __future__ import annotations
 
 import builtins
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,14 +64,40 @@ from .sqlite import SQLiteTaskStore
 __all__ = [
     "PUSH_MAX_PER_OWNER_ENV",
     "PUSH_MAX_PER_TASK_ENV",
+    "DispatchStore",
+    "ProtocolOf",
     "PushLimits",
+    "PushTarget",
     "SQLitePushConfigStore",
     "count_setting",
     "open_push_config_store",
 ]
 
+logger = logging.getLogger(__name__)
+
 PUSH_MAX_PER_TASK_ENV = "A2A_PUSH_MAX_PER_TASK"
 PUSH_MAX_PER_OWNER_ENV = "A2A_PUSH_MAX_PER_OWNER"
+
+CURRENT_PROTOCOL = "1.0"
+
+ProtocolOf = Callable[[ServerCallContext], str]
+"""The protocol version ("1.0", "0.3") a registering request was made in
+(`protocol/versions.py` `call_protocol`, given by the server)."""
+
+
+def _current(context: ServerCallContext) -> str:
+    return CURRENT_PROTOCOL
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushTarget:
+    """One webhook of a task, as delivery needs it."""
+
+    config: TaskPushNotificationConfig
+    protocol: str
+    """The protocol version it was registered in: its payloads' shape."""
+    owner: str
+    """The caller that registered it (the task's owner)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +198,7 @@ CREATE TABLE IF NOT EXISTS push_configs (
     config_id TEXT NOT NULL,
     owner TEXT NOT NULL,
     data BLOB NOT NULL,
+    protocol TEXT NOT NULL DEFAULT '1.0',
     PRIMARY KEY (task_id, config_id, owner)
 );
 """
@@ -173,10 +212,20 @@ class SQLitePushConfigStore(PushNotificationConfigStore):
         path: str | Path,
         owner_resolver: OwnerResolver = resolve_user_scope,
         limits: PushLimits | None = None,
+        protocol_of: ProtocolOf = _current,
     ):
         self._file = SQLiteFile(path, "push config store")
         self._file.conn.executescript(_SCHEMA)
+        columns = {row[1] for row in self._file.conn.execute("PRAGMA table_info(push_configs)")}
+        if "protocol" not in columns:
+            # A file from before configs kept their version: every one of
+            # them was sent v1.0 payloads, and keeps being sent them.
+            with self._file.conn:
+                self._file.conn.execute(
+                    "ALTER TABLE push_configs ADD COLUMN protocol TEXT NOT NULL DEFAULT '1.0'"
+                )
         self._owner = owner_resolver
+        self._protocol_of = protocol_of
         self.limits = limits or PushLimits()
         rows = self._file.conn.execute("SELECT DISTINCT task_id FROM push_configs").fetchall()
         self._tasks: set[str] = {row[0] for row in rows}
@@ -193,7 +242,13 @@ class SQLitePushConfigStore(PushNotificationConfigStore):
     ) -> TaskPushNotificationConfig:
         self.limits.check_sizes(notification_config)
         config = normalize_push_notification_config(task_id, _known_fields(notification_config))
-        row = (task_id, config.id, self._owner(context), config.SerializeToString())
+        row = (
+            task_id,
+            config.id,
+            self._owner(context),
+            config.SerializeToString(),
+            self._protocol_of(context),
+        )
 
         def write() -> None:
             conn = self._file.conn
@@ -208,10 +263,11 @@ class SQLitePushConfigStore(PushNotificationConfigStore):
                         _one(conn, "SELECT count(*) FROM push_configs WHERE task_id = ?", task_id),
                         _one(conn, "SELECT count(*) FROM push_configs WHERE owner = ?", row[2]),
                     )
+                # Registered again, a config takes the version it is registered in now.
                 conn.execute(
-                    "INSERT INTO push_configs (task_id, config_id, owner, data) "
-                    "VALUES (?, ?, ?, ?) ON CONFLICT (task_id, config_id, owner) "
-                    "DO UPDATE SET data = excluded.data",
+                    "INSERT INTO push_configs (task_id, config_id, owner, data, protocol) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id, config_id, owner) "
+                    "DO UPDATE SET data = excluded.data, protocol = excluded.protocol",
                     row,
                 )
 
@@ -236,9 +292,26 @@ class SQLitePushConfigStore(PushNotificationConfigStore):
         return await self._select("task_id = ? AND owner = ?", [task_id, self._owner(context)])
 
     async def get_info_for_dispatch(self, task_id: str) -> list[TaskPushNotificationConfig]:
+        return [target.config for target in await self.get_targets_for_dispatch(task_id)]
+
+    async def get_targets_for_dispatch(self, task_id: str) -> list[PushTarget]:
+        """Every caller's configs of `task_id`, with their version and owner."""
         if task_id not in self._tasks:
             return []
-        return await self._select("task_id = ?", [task_id])
+
+        def read() -> builtins.list[tuple[bytes, str, str]]:
+            sql = (
+                "SELECT data, protocol, owner FROM push_configs WHERE task_id = ? "
+                "ORDER BY config_id"
+            )
+            return list(self._file.conn.execute(sql, [task_id]))
+
+        return [
+            PushTarget(
+                config=TaskPushNotificationConfig.FromString(data), protocol=protocol, owner=owner
+            )
+            for data, protocol, owner in await self._file.run(read)
+        ]
 
     async def delete_info(
         self, task_id: str, context: ServerCallContext, config_id: str | None = None
@@ -301,13 +374,33 @@ class _LimitedDatabaseStore(DatabasePushNotificationConfigStore):
                 )
         return await super().set_info(task_id, _known_fields(notification_config), context)
 
+    async def get_targets_for_dispatch(self, task_id: str) -> list[PushTarget]:
+        """Every caller's configs of `task_id`: all "1.0" (see the module docstring)."""
+        await self._ensure_initialized()
+        model = self.config_model
+        async with self.async_session_maker() as session:
+            rows = (await session.scalars(select(model).where(model.task_id == task_id))).all()
+        targets = []
+        for row in rows:
+            try:
+                config = self._from_orm(row)
+            except ValueError:
+                # As a2a-sdk's own dispatch read: one unreadable row costs only itself.
+                logger.exception("push config %s of task %s cannot be read", row.config_id, task_id)
+                continue
+            targets.append(PushTarget(config=config, protocol=CURRENT_PROTOCOL, owner=row.owner))
+        return targets
+
 
 class _LimitedMemoryStore(InMemoryPushNotificationConfigStore):
-    """a2a-sdk's in-memory store, keeping `PushLimits`."""
+    """a2a-sdk's in-memory store, keeping `PushLimits` and each config's version."""
 
-    def __init__(self, limits: PushLimits) -> None:
+    def __init__(self, limits: PushLimits, protocol_of: ProtocolOf = _current) -> None:
         super().__init__()
         self.limits = limits
+        self._protocol_of = protocol_of
+        self._protocols: dict[tuple[str, str, str], str] = {}
+        """(owner, task id, config id): the version the config was registered in."""
 
     async def set_info(
         self,
@@ -325,20 +418,39 @@ class _LimitedMemoryStore(InMemoryPushNotificationConfigStore):
                     sum(len(t.get(task_id, [])) for t in self._push_notification_infos.values()),
                     sum(len(configs) for configs in mine.values()),
                 )
+            self._protocols[(owner, task_id, config_id)] = self._protocol_of(context)
             return await super().set_info(task_id, _known_fields(notification_config), context)
+
+    async def get_targets_for_dispatch(self, task_id: str) -> list[PushTarget]:
+        """Every caller's configs of `task_id`, with their version and owner."""
+        with self.lock:
+            return [
+                PushTarget(
+                    config=config,
+                    protocol=self._protocols.get((owner, task_id, config.id), CURRENT_PROTOCOL),
+                    owner=owner,
+                )
+                for owner, tasks in self._push_notification_infos.items()
+                for config in tasks.get(task_id, [])
+            ]
+
+
+DispatchStore = SQLitePushConfigStore | _LimitedDatabaseStore | _LimitedMemoryStore
+"""A push config store of ours: a2a-sdk's interface and `get_targets_for_dispatch`."""
 
 
 def open_push_config_store(
-    task_store: object, limits: PushLimits | None = None
-) -> PushNotificationConfigStore:
+    task_store: object, limits: PushLimits | None = None, protocol_of: ProtocolOf = _current
+) -> DispatchStore:
     """The push config store beside `task_store` (see the module docstring),
-    keeping `limits` (default: `PushLimits()`); a task store of another kind
-    (kept in memory) gets one in memory."""
+    keeping `limits` (default: `PushLimits()`) and each config's version
+    as `protocol_of` tells it; a task store of another kind (kept in
+    memory) gets one in memory."""
     limits = limits or PushLimits()
     if isinstance(task_store, SQLiteTaskStore):
-        return SQLitePushConfigStore(task_store.path, limits=limits)
+        return SQLitePushConfigStore(task_store.path, limits=limits, protocol_of=protocol_of)
     # Replicas' versioned store: its plain store holds the engine they share.
     task_store = getattr(task_store, "as_task_store", task_store)
     if isinstance(task_store, DatabaseTaskStore):
         return _LimitedDatabaseStore(task_store.engine, limits)
-    return _LimitedMemoryStore(limits)
+    return _LimitedMemoryStore(limits, protocol_of)
