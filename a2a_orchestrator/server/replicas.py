@@ -6,7 +6,9 @@ role's executor, plus what lets N processes serve one role together.
 - Reads and streams: the tasks live in a2a-sdk's versioned store and every
   applied event in its log (`tasks/cluster.py`), so any replica answers
   GetTask and ListTasks, and SubscribeToTask on a replica that does not run
-  the task tails the log (the live events of the replica that does).
+  the task hears of each new event by notify and reads it from the log (the
+  live events of the replica that does; `storage/tasks/notified.py`). The
+  process's one listening connection runs as long as the executor.
 - Leases (`leases.py`): a turn runs only under its conversation's lease,
   taken before the turn's first write and renewed every `poll` seconds while
   it runs; it is given back once the turn's end is stored. A follow-up
@@ -167,7 +169,11 @@ class ReplicaExecutor(RoleExecutor):
         await self.leases.create()
         await self.shared_journal.create()
         try:
-            async with super().running(), anyio.create_task_group() as tg:
+            async with (
+                self.cluster.notifier.running(),
+                super().running(),
+                anyio.create_task_group() as tg,
+            ):
                 self._tg = tg
                 tg.start_soon(self._keep_leases)
                 try:
@@ -177,6 +183,7 @@ class ReplicaExecutor(RoleExecutor):
         finally:
             self._tg = None
             self.leases.close()
+            self.cluster.close()
             await self.cluster.engine.dispose()
 
     # -- a turn under its lease ------------------------------------------------
