@@ -113,8 +113,13 @@ class Notifier:
             try:
                 self._conn = await self._asyncpg.connect(_dsn(self.url), timeout=10)
                 self._conn.add_termination_listener(lambda _conn, dropped=dropped: dropped.set())
-                for channel in list(self._callbacks):
-                    await self._conn.add_listener(channel, self._dispatch)
+                listened: set[str] = set()
+                # Until none is missing: a channel registered during an
+                # await here is LISTENed too (`up` is set with no await after).
+                while missing := set(self._callbacks) - listened:
+                    for channel in missing:
+                        await self._conn.add_listener(channel, self._dispatch)
+                        listened.add(channel)
             except (OSError, TimeoutError, self._asyncpg.PostgresError) as exc:
                 logger.warning(
                     "cannot listen for notifications on %s (retried in %g s): %s",
