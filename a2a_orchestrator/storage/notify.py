@@ -120,7 +120,12 @@ class Notifier:
                     for channel in missing:
                         await self._conn.add_listener(channel, self._dispatch)
                         listened.add(channel)
-            except (OSError, TimeoutError, self._asyncpg.PostgresError) as exc:
+            except (
+                OSError,
+                TimeoutError,
+                self._asyncpg.PostgresError,
+                self._asyncpg.InterfaceError,
+            ) as exc:
                 logger.warning(
                     "cannot listen for notifications on %s (retried in %g s): %s",
                     _shown(self.url),

@@ -19,10 +19,14 @@ Contract:
   seconds (the SDK's stream's way), and reads once more when the
   connection is back.
 - Events come in the order of `seq`, each after `after` at most once.
+- A notification that cannot be sent (the database unreachable) is logged,
+  not raised: the event is stored and the task goes on; its remote
+  subscribers read it with the task's next event.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -37,6 +41,8 @@ from ..database.postgres import PgConnection
 from ..notify import Notifier, notify
 
 __all__ = ["CHANNEL", "NotifiedTaskEventStream"]
+
+logger = logging.getLogger(__name__)
 
 CHANNEL = "a2a_task_events"
 """The notification channel of stored task events: payload `version task_id`."""
@@ -91,7 +97,12 @@ class NotifiedTaskEventStream(TaskEventStream):
         """Notify the other replicas that `task_id` has a new stored event."""
         version = _version(event.version)
         payload = f"{version if version is not None else -1} {task_id}"
-        await self.connection.run(lambda tx: notify(tx, CHANNEL, payload))
+        try:
+            await self.connection.run(lambda tx: notify(tx, CHANNEL, payload))
+        except StoreError as exc:
+            # The event is stored: the task goes on; remote subscribers
+            # read it with the task's next event.
+            logger.warning("could not notify task %s's event: %s", task_id, exc)
 
     async def subscribe(
         self, task_id: str, *, after: TaskVersion
@@ -160,7 +171,8 @@ class NotifiedTaskEventStream(TaskEventStream):
         while True:
             try:
                 return await self.connection.run(fn)
-            except StoreError:
+            except StoreError as exc:
+                logger.warning("reading task events failed (retried in %g s): %s", self.poll, exc)
                 await anyio.sleep(self.poll)
 
     def _heard(self, payload: str) -> None:
