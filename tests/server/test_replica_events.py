@@ -79,7 +79,7 @@ async def running(c: Cluster, task: dict[str, Any]) -> tuple[str, str]:
 async def test_a_subscriber_on_another_replica_gets_live_events_by_notify(
     postgres: Postgres, tmp_path: Path
 ) -> None:
-    with anyio.fail_after(90):
+    with anyio.fail_after(55):
         async with cluster(postgres, tmp_path, SCRIPT, NO_POLLING) as c:
             task = await start_task(c.balancer, "wait for go")
             await wait_for(lambda: _true(ran(c.work) == 1))
@@ -110,7 +110,7 @@ async def test_a_subscriber_on_another_replica_gets_live_events_by_notify(
 async def test_control_sent_to_another_replica_reaches_the_turn(
     postgres: Postgres, tmp_path: Path
 ) -> None:
-    with anyio.fail_after(120):
+    with anyio.fail_after(55):
         async with cluster(postgres, tmp_path, SCRIPT, NO_POLLING) as c:
             task = await start_task(c.balancer, "wait for go")
             await wait_for(lambda: _true(ran(c.work) == 1))
