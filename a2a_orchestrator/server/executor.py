@@ -616,6 +616,19 @@ class RoleExecutor(AgentExecutor):
             return False
         return control(conversation, action, text)
 
+    async def control_anywhere(
+        self,
+        task_id: str,
+        context_id: str,
+        action: str,
+        text: str = "",
+        rules: Mapping[str, Selector] | None = None,
+    ) -> bool:
+        """`control` wherever the task's turn runs: here, one server
+        (replicas carry it to the replica running it, `replicas.py`)."""
+        del context_id
+        return self.control(task_id, action, text, rules=rules)
+
     async def shutdown(self) -> None:
         """End every running turn as failed (reason `lost`) before the server stops."""
         running = [(tid, self.conversation(tid)) for tid in list(self._turn_ended)]

@@ -10,8 +10,9 @@ REST binding) naming the field, and no task is created for it.
 Control extension (`wire.CONTROL_EXTENSION`, declared in the card): a
 message whose metadata holds `CONTROL_KEY` = pause, resume, interrupt,
 steer or pause_on and names a task is applied to that task's running
-conversation at once (steer: the message's text joins its inbox, absorbed at
-the next step boundary; pause_on: `PAUSE_ON_KEY` replaces the task's pause
+conversation at once (with replicas, on the replica running its turn,
+`replicas.py`; steer: the message's text joins its inbox, absorbed at the
+next step boundary; pause_on: `PAUSE_ON_KEY` replaces the task's pause
 rules, see `executor`) and answered with the task. It must not queue behind
 the running turn the way an ordinary follow-up does, or a pause would arrive
 after the work it meant to hold. Pause rules on an ordinary message (they
@@ -265,7 +266,10 @@ class RoleRequestHandler(DefaultRequestHandler):
                 message="this agent does not take control messages (no control extension)"
             )
         text = get_message_text(message)
-        if not executor.control(message.task_id, str(action), text, rules=rules):
+        applied = await executor.control_anywhere(
+            message.task_id, task.context_id, str(action), text, rules=rules
+        )
+        if not applied:
             raise InvalidParamsError(
                 message=f"task {message.task_id} is not running on this server; nothing to {action}"
             )

@@ -6,7 +6,9 @@ role's executor, plus what lets N processes serve one role together.
 - Reads and streams: the tasks live in a2a-sdk's versioned store and every
   applied event in its log (`tasks/cluster.py`), so any replica answers
   GetTask and ListTasks, and SubscribeToTask on a replica that does not run
-  the task tails the log (the live events of the replica that does).
+  the task hears of each new event by notify and reads it from the log (the
+  live events of the replica that does; `storage/tasks/notified.py`). The
+  process's one listening connection runs as long as the executor.
 - Leases (`leases.py`): a turn runs only under its conversation's lease,
   taken before the turn's first write and renewed every `poll` seconds while
   it runs; it is given back once the turn's end is stored. A follow-up
@@ -26,11 +28,15 @@ role's executor, plus what lets N processes serve one role together.
   and continues the task's turn where the history ends, through the SDK's
   own task machinery, so its events are stored and streamed as any other.
 
+- Control: a pause, resume, interrupt, steer or `pause_on` sent to a
+  replica that does not run the task's turn goes to the replica holding the
+  context's lease (`storage/controls.py`, by notify), which applies it and
+  answers; the sender answers its caller with that outcome.
+
 What is not covered: a replica that stays alive but cannot reach the
 database for longer than a lease is taken over while its turn may still run
 (it aborts the turn as soon as it learns its lease is gone, on its next
-renewal). Pause, resume and steer reach a task only on the replica running
-it.
+renewal).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,10 +61,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigError, StoreError
+from ..protocol.wire import pause_rules_from_wire, pause_rules_to_wire
+from ..runtime.selectors import Selector
+from ..storage.controls import ControlMessage, ControlRelay
 from ..storage.database.postgres import PgConnection, PgDatabase
 from ..storage.journal import ToolJournal
 from ..storage.leases import Claim, ConversationLeases, StaleLease
 from ..storage.tasks.cluster import ClusterStores
+from ..storage.tasks.notified import POLL
 from ..storage.tasks.sqlite import TaskOwner
 from .executor import RoleExecutor
 
@@ -80,6 +90,9 @@ DEFAULT_LEASE = 15.0
 # lease goes back (the renewal loop gives it back later if this runs out).
 _END_SAVE_LIMIT = 10.0
 
+EVENT_POLL = POLL
+"""Default `ReplicaSettings.event_poll`: the SDK's own stream's interval."""
+
 _RUNNING_STATES = {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
 _ADOPTABLE = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
 
@@ -92,6 +105,9 @@ class ReplicaSettings:
     """This process's name in the lease table (unique per process)."""
     lease: float = DEFAULT_LEASE
     """Seconds a lease lasts unrenewed: how long a dead replica's tasks wait."""
+    event_poll: float = EVENT_POLL
+    """Seconds between a remote subscription's reads of the event log while
+    this replica's notifications are down (`$A2A_EVENT_POLL_SECONDS`)."""
 
     @property
     def poll(self) -> float:
@@ -103,9 +119,9 @@ class ReplicaSettings:
         cls, *, replica_id: str | None = None, lease: float | None = None
     ) -> ReplicaSettings:
         """`replica_id` and `lease`, else `$A2A_REPLICA_ID` and
-        `$A2A_LEASE_SECONDS`; the id always ends in something unique to this
-        process, so a restarted replica never mistakes a dead one's leases
-        for its own."""
+        `$A2A_LEASE_SECONDS`, and `$A2A_EVENT_POLL_SECONDS`; the id always
+        ends in something unique to this process, so a restarted replica
+        never mistakes a dead one's leases for its own."""
         raw = os.environ.get("A2A_LEASE_SECONDS", "").strip()
         if lease is None:
             try:
@@ -114,8 +130,19 @@ class ReplicaSettings:
                 raise ConfigError(f"$A2A_LEASE_SECONDS must be a number, got {raw!r}") from None
         if not lease > 0:
             raise ConfigError(f"the lease must last a positive number of seconds, got {lease:g}")
+        raw = os.environ.get("A2A_EVENT_POLL_SECONDS", "").strip()
+        try:
+            event_poll = float(raw) if raw else EVENT_POLL
+        except ValueError:
+            raise ConfigError(f"$A2A_EVENT_POLL_SECONDS must be a number, got {raw!r}") from None
+        if not event_poll > 0:
+            raise ConfigError(f"$A2A_EVENT_POLL_SECONDS must be positive, got {event_poll:g}")
         name = replica_id or os.environ.get("A2A_REPLICA_ID", "").strip() or socket.gethostname()
-        return cls(replica_id=f"{name}-{os.getpid()}-{uuid.uuid4().hex[:6]}", lease=lease)
+        return cls(
+            replica_id=f"{name}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            lease=lease,
+            event_poll=event_poll,
+        )
 
 
 class ReplicaExecutor(RoleExecutor):
@@ -134,8 +161,15 @@ class ReplicaExecutor(RoleExecutor):
         self.shared_journal = journal
         self.cluster = cluster
         self.settings = settings
+        cluster.events.poll = settings.event_poll
         self.leases = ConversationLeases(
             PgConnection(url, "conversation leases"), settings.replica_id, settings.lease
+        )
+        self.relay = ControlRelay(
+            PgConnection(url, "control relay"),
+            cluster.notifier,
+            settings.replica_id,
+            self._apply_control,
         )
         self.handler: DefaultRequestHandlerV2 | None = None
         """The request handler adopted turns run through (`served_by`)."""
@@ -167,7 +201,12 @@ class ReplicaExecutor(RoleExecutor):
         await self.leases.create()
         await self.shared_journal.create()
         try:
-            async with super().running(), anyio.create_task_group() as tg:
+            async with (
+                self.cluster.notifier.running(),
+                self.relay.running(),
+                super().running(),
+                anyio.create_task_group() as tg,
+            ):
                 self._tg = tg
                 tg.start_soon(self._keep_leases)
                 try:
@@ -177,6 +216,8 @@ class ReplicaExecutor(RoleExecutor):
         finally:
             self._tg = None
             self.leases.close()
+            self.relay.connection.close()
+            self.cluster.close()
             await self.cluster.engine.dispose()
 
     # -- a turn under its lease ------------------------------------------------
@@ -239,6 +280,28 @@ class ReplicaExecutor(RoleExecutor):
             return None
         holder = await self.leases.holder(context_id)
         return holder if holder != self.settings.replica_id else None
+
+    async def control_anywhere(
+        self,
+        task_id: str,
+        context_id: str,
+        action: str,
+        text: str = "",
+        rules: Mapping[str, Selector] | None = None,
+    ) -> bool:
+        """As `control`, and when the turn runs on another replica, there."""
+        if self.control(task_id, action, text, rules=rules):
+            return True
+        holder = await self.running_elsewhere(context_id)
+        if holder is None:
+            return False
+        wire = pause_rules_to_wire(rules or {})
+        return await self.relay.send(holder, task_id, action, text, wire)
+
+    def _apply_control(self, message: ControlMessage) -> bool:
+        """A control message another replica relayed here (`storage/controls.py`)."""
+        rules = pause_rules_from_wire(message.rules)
+        return self.control(message.task_id, message.action, message.text, rules=rules)
 
     def _refusal(self, task_id: str) -> str:
         return self._refused.pop(task_id, "")

@@ -51,6 +51,12 @@ FIGURES = {
     "replicas.py": [
         rf"{n} replica\(s\): 20 children in\s+[\d.]+ s,\s+[\d.]+ children/s" for n in (1, 2, 3)
     ],
+    "notify.py": [
+        rf"{mode}\s+at rest\s+[\d.]+ statements/s \([\d.]+ per subscription\); event latency "
+        r"median [\d.]+ ms, p90 [\d.]+ ms, max [\d.]+ ms; -?[\d.]+ statements per event"
+        for mode in ("polling", "notify")
+    ]
+    + [r"notify\s+extrapolated to 100 replicas x 1000 subscriptions: [\d,]+ statements/s"],
     "taskstore.py": [
         r"role server \(results at once, calls held\)\s+wall min [\d.]+ s.*per frame.* \d+ us",
         r"every frame written\s+wall min [\d.]+ s.*cpu min [\d.]+ s",

@@ -3,41 +3,31 @@
 Three `a2a-orchestrator serve coder --db postgresql+asyncpg://...` processes
 (a scripted model, the only fake) share a throwaway PostgreSQL
 (`postgres.py`); HAProxy runs deploy/haproxy.cfg in front of them
-(`test_deploy.local_config`). Tasks start through the balancer and are read,
+(`support/replicas.py`). Tasks start through the balancer and are read,
 streamed, continued and cancelled through other replicas directly; a replica
 SIGKILLed mid-turn has its task adopted by another.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import anyio
-import asyncpg
-import httpx
 import pytest
 from a2a.types import CancelTaskRequest, SubscribeToTaskRequest
-from support.deploy import REPLICAS, haproxy, local_config, needs_haproxy, wait_for_states
-from support.ports import free_port
+from support.deploy import needs_haproxy
 from support.postgres import Postgres
+from support.replicas import cluster, lease_of, ran, rpc, start_task, state_on, wait_for
 from support.servers import a2a_client
 
 from a2a_orchestrator.protocol.wire import EVENT_KEY
 
 pytestmark = [pytest.mark.anyio, needs_haproxy]
 
-LEASE_SECONDS = 3
 WAIT_FOR_GO = "echo ran >> ran.log; while [ ! -e go ]; do sleep 0.05; done; echo went"
 SCRIPT = [
     {
@@ -47,171 +37,13 @@ SCRIPT = [
     {"text": "Went.\nTASK_DONE"},
     {"text": "Second turn, from the stored history.\nTASK_DONE"},
 ]
-OFFLINE = {
-    "A2A_MODEL_BASE_URL": "",
-    "A2A_MODEL_API_KEY": "",
-    "OPENAI_BASE_URL": "",
-    "OPENAI_API_KEY": "",
-}
-
-
-@dataclass
-class Replica:
-    name: str
-    process: subprocess.Popen[str]
-    url: str
-
-
-@dataclass
-class Cluster:
-    balancer: str
-    replicas: list[Replica]
-    work: Path
-    database: str
-
-    def replica(self, holder: str) -> Replica:
-        """The replica whose lease id is `holder` (ids start with the --replica-id)."""
-        (found,) = [r for r in self.replicas if holder.startswith(r.name + "-")]
-        return found
-
-    def other_than(self, replica: Replica) -> Replica:
-        return next(r for r in self.replicas if r is not replica)
-
-
-def start_replica(name: str, db_url: str, work: Path, script: Path) -> Replica:
-    env = {**os.environ, **OFFLINE, "A2A_MODEL_SCRIPT": str(script)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "a2a_orchestrator.cli",
-            "serve",
-            "coder",
-            "--port",
-            "0",
-            "--db",
-            db_url,
-            "--workdir",
-            str(work),
-            "--replica-id",
-            name,
-            "--lease-seconds",
-            str(LEASE_SECONDS),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"serving A2A at (http://\S+)", line)
-    if not match:
-        process.kill()
-        raise AssertionError(line + (process.stderr.read() if process.stderr else ""))
-    return Replica(name=name, process=process, url=match.group(1))
-
-
-@contextmanager
-def replicas(db_url: str, work: Path, script: Path) -> Iterator[list[Replica]]:
-    started: list[Replica] = []
-    try:
-        for name in REPLICAS:
-            started.append(start_replica(name, db_url, work, script))
-        yield started
-    finally:
-        for replica in started:
-            if replica.process.poll() is None:
-                replica.process.send_signal(signal.SIGTERM)
-        for replica in started:
-            try:
-                replica.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                replica.process.kill()
-                replica.process.wait()
-
-
-@asynccontextmanager
-async def cluster(postgres: Postgres, tmp_path: Path) -> AsyncIterator[Cluster]:
-    database = postgres.database("replicas")
-    work = tmp_path / "work"  # shared, like the compose file's `work` volume
-    work.mkdir()
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(SCRIPT))
-    with replicas(postgres.url(database, "postgresql+asyncpg"), work, script) as started:
-        port = free_port()
-        stats = tmp_path / "stats.sock"
-        config = tmp_path / "haproxy.cfg"
-        ports = {r.name: int(r.url.rsplit(":", 1)[1]) for r in started}
-        config.write_text(local_config(port, ports, stats))
-        with haproxy(config, tmp_path / "haproxy.log"):
-            await wait_for_states(stats, dict.fromkeys(REPLICAS, "UP"))
-            yield Cluster(
-                balancer=f"http://127.0.0.1:{port}",
-                replicas=started,
-                work=work,
-                database=postgres.url(database),
-            )
-
-
-async def rpc(url: str, method: str, params: dict[str, Any]) -> Any:
-    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-    async with httpx.AsyncClient(timeout=30) as http:
-        response = await http.post(url + "/", json=body, headers={"A2A-Version": "1.0"})
-    assert response.status_code == 200, response.text
-    reply = response.json()
-    assert "result" in reply, reply
-    return reply["result"]
-
-
-async def start_task(url: str, text: str, context_id: str | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {
-        "messageId": uuid.uuid4().hex,
-        "role": "ROLE_USER",
-        "parts": [{"text": text}],
-    }
-    if context_id:
-        message["contextId"] = context_id
-    result = await rpc(
-        url, "SendMessage", {"message": message, "configuration": {"returnImmediately": True}}
-    )
-    task: dict[str, Any] = result["task"]
-    return task
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 30) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.1)
-
-
-async def lease_of(database: str, context_id: str) -> str | None:
-    """The replica holding a context's lease (None: released)."""
-    conn = await asyncpg.connect(database)
-    try:
-        return await conn.fetchval(  # type: ignore[no-any-return]
-            "SELECT holder FROM a2a_leases WHERE kind = 'conversation' AND key = $1",
-            context_id,
-        )
-    finally:
-        await conn.close()
-
-
-def ran(work: Path) -> int:
-    log = work / "ran.log"
-    return len(log.read_text().splitlines()) if log.exists() else 0
-
-
-async def state_on(url: str, task_id: str) -> str:
-    task = await rpc(url, "GetTask", {"id": task_id})
-    return str(task["status"]["state"])
 
 
 async def test_any_replica_reads_streams_continues_and_cancels_a_task(
     postgres: Postgres, tmp_path: Path
 ) -> None:
     with anyio.fail_after(90):
-        async with cluster(postgres, tmp_path) as c:
+        async with cluster(postgres, tmp_path, SCRIPT) as c:
             # A task started through the balancer, running on some replica.
             first = await start_task(c.balancer, "wait for go")
             await wait_for(lambda: _true(ran(c.work) == 1))
@@ -292,7 +124,7 @@ async def test_a_killed_replicas_tasks_are_adopted_and_finish(
     postgres: Postgres, tmp_path: Path
 ) -> None:
     with anyio.fail_after(120):
-        async with cluster(postgres, tmp_path) as c:
+        async with cluster(postgres, tmp_path, SCRIPT) as c:
             tasks = [await start_task(c.balancer, f"wait for go {i}") for i in range(3)]
             # Every task's command has started (and waits for `go`).
             await wait_for(lambda: _true(ran(c.work) == 3))

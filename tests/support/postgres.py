@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,9 +78,11 @@ def _as_postgres(command: list[str]) -> list[str]:
 
 
 @contextmanager
-def running_postgres() -> Iterator[Postgres]:
+def running_postgres(settings: Sequence[str] = ()) -> Iterator[Postgres]:
     """A throwaway PostgreSQL server until the block exits; `Unavailable`
-    when this machine cannot run one (the fixture skips, a bench stops)."""
+    when this machine cannot run one (the fixture skips, a bench stops).
+    `settings`: more `name=value` server settings (a bench loads
+    `pg_stat_statements`)."""
     bin_dir = pg_bin()
     if bin_dir is None:
         raise Unavailable("needs a PostgreSQL server (Debian package postgresql)")
@@ -106,7 +108,7 @@ def running_postgres() -> Iterator[Postgres]:
             f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c max_connections=300"
             # A throwaway server: durability across a power cut is not tested.
             " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        )
+        ) + "".join(f" -c {setting}" for setting in settings)
         start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "log")]
         subprocess.run(
             _as_postgres([*start, "-w", "start"]),
