@@ -13,8 +13,9 @@ role's executor, plus what lets N processes serve one role together.
   message on a replica that does not hold the conversation in memory (or
   whose copy is stale: another replica took a turn since) rebuilds it from
   the stored history, as a restarted server does. A message for a task whose
-  turn runs on another replica is refused (the handler: it cannot queue
-  behind a turn in another process); a new task in such a context fails
+  turn runs on another replica waits for that turn to end (its lease given
+  back, its end stored), then runs, as it queues on one server; a new task
+  in such a context fails
   with the reason, like a busy context on one server.
 - Cancel: CancelTask on any replica records CANCELED in the shared store
   (the SDK); the replica running the turn sees it within `poll` seconds
@@ -49,7 +50,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
-from a2a.types import TaskState
+from a2a.types import TaskState, UnsupportedOperationError
 from anyio.abc import TaskGroup
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
@@ -80,7 +81,16 @@ DEFAULT_LEASE = 15.0
 # lease goes back (the renewal loop gives it back later if this runs out).
 _END_SAVE_LIMIT = 10.0
 
+# How often a follow-up waiting for another replica's turn looks at its lease.
+_WAIT_STEP = 0.2
+
 _RUNNING_STATES = {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
+_ENDED_STATES = {
+    "TASK_STATE_COMPLETED",
+    "TASK_STATE_FAILED",
+    "TASK_STATE_CANCELED",
+    "TASK_STATE_REJECTED",
+}
 _ADOPTABLE = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
 
 
@@ -195,15 +205,16 @@ class ReplicaExecutor(RoleExecutor):
             return
         else:
             claim = await self.leases.acquire(context_id, task_id, owner)
+        if claim is None and task is not None:
+            # A follow-up while its context's turn runs on another replica:
+            # queued behind that turn, as on one server.
+            claim = await self._after_turn_elsewhere(context_id, task_id, owner)
+            # The task as that turn left it, not as it stood when this message came.
+            stored = await self.cluster.tasks.get(task_id, context.call_context)
+            if stored is not None:
+                context.current_task = stored.task
         if claim is None:
             holder = await self.leases.holder(context_id)
-            if task is not None:
-                # A follow-up that raced a turn starting on another replica:
-                # the task is that replica's; nothing is written to it here.
-                logger.warning(
-                    "task %s runs on replica %s; its message was not taken here", task_id, holder
-                )
-                return
             self._refused[task_id] = (
                 f"context {context_id} is busy: a turn runs in it on replica {holder}; "
                 "wait for it to end, or use another context"
@@ -233,12 +244,28 @@ class ReplicaExecutor(RoleExecutor):
                     await self._release(context_id)
         await self._release_once_stored(context_id)
 
-    async def running_elsewhere(self, context_id: str) -> str | None:
-        """The replica whose turn runs in `context_id`, if not this one."""
-        if context_id in self._leased:
-            return None
-        holder = await self.leases.holder(context_id)
-        return holder if holder != self.settings.replica_id else None
+    async def _after_turn_elsewhere(self, context_id: str, task_id: str, owner: str) -> Claim:
+        """The context's lease, taken once the turn another replica runs in
+        it has ended (its end stored, the lease given back; a dead holder's
+        turn adopted and ended first). Nothing is written to the task
+        before: the SDK stores this message on top of that turn's end. A
+        task that turn ended for good (or a cancel did) takes no message,
+        as on one server."""
+        logger.info("task %s: its message waits for the turn running on another replica", task_id)
+        while True:
+            if await self.leases.held_elsewhere(context_id) is None:
+                claim = await self.leases.acquire(context_id, task_id, owner)
+                if claim is not None:
+                    break
+            await anyio.sleep(_WAIT_STEP)
+        state = (await self._states({task_id})).get(task_id, "")
+        if state in _ENDED_STATES:
+            await self._release(context_id)
+            raise UnsupportedOperationError(
+                message=f"Task {task_id} is in terminal state: {state} (its turn on another "
+                "replica ended it while this message waited)"
+            )
+        return claim
 
     def _refusal(self, task_id: str) -> str:
         return self._refused.pop(task_id, "")

@@ -11,14 +11,8 @@ a slot gives it back within a lease.
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +23,7 @@ import pytest
 from support.deploy import REPLICAS, haproxy, local_config, needs_haproxy, wait_for_states
 from support.ports import free_port
 from support.postgres import Postgres
+from support.replicas import role_replicas
 
 pytestmark = [pytest.mark.anyio, needs_haproxy]
 
@@ -42,72 +37,6 @@ SCRIPT = [
     },
     {"text": "Went.\nTASK_DONE"},
 ]
-OFFLINE = {
-    "A2A_MODEL_BASE_URL": "",
-    "A2A_MODEL_API_KEY": "",
-    "OPENAI_BASE_URL": "",
-    "OPENAI_API_KEY": "",
-}
-
-
-def start(name: str, db_url: str, work: Path, script: Path, callers: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, **OFFLINE, "A2A_MODEL_SCRIPT": str(script), "A2A_AUTH_TOKEN": TOKEN}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "a2a_orchestrator.cli",
-            "serve",
-            "coder",
-            "--port",
-            "0",
-            "--db",
-            db_url,
-            "--workdir",
-            str(work),
-            "--callers",
-            str(callers),
-            "--replica-id",
-            name,
-            "--lease-seconds",
-            str(LEASE_SECONDS),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def served_at(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    seen = ""
-    while line := process.stdout.readline():  # the URL's line is among the first few
-        seen += line
-        match = re.search(r"serving A2A at (http://\S+)", line)
-        if match:
-            return match.group(1)
-    process.kill()
-    raise AssertionError(seen + (process.stderr.read() if process.stderr else ""))
-
-
-@contextmanager
-def replicas(db_url: str, work: Path, script: Path, callers: Path) -> Iterator[dict[str, Any]]:
-    started: dict[str, subprocess.Popen[str]] = {}
-    try:
-        for name in REPLICAS:
-            started[name] = start(name, db_url, work, script, callers)
-        yield {name: (process, served_at(process)) for name, process in started.items()}
-    finally:
-        for process in started.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in started.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 async def send(url: str, text: str) -> dict[str, Any]:
@@ -163,7 +92,19 @@ async def test_concurrent_tasks_hold_across_replicas_and_a_killed_replicas_slot_
     callers = tmp_path / "callers.toml"
     callers.write_text("[limits]\nconcurrent_tasks = 2\n")
     db_url = postgres.url(database, "postgresql+asyncpg")
-    with anyio.fail_after(55), replicas(db_url, work, script, callers) as served:
+    with (
+        anyio.fail_after(55),
+        role_replicas(
+            REPLICAS,
+            db_url,
+            work,
+            script,
+            lease=LEASE_SECONDS,
+            args=("--callers", str(callers)),
+            env={"A2A_AUTH_TOKEN": TOKEN},
+        ) as started,
+    ):
+        served = {r.name: (r.process, r.url) for r in started}
         port = free_port()
         stats = tmp_path / "stats.sock"
         config = tmp_path / "haproxy.cfg"
