@@ -372,6 +372,7 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     own_credentials: Mapping[str, HeaderCheck] | None = None,
     event_stream: TaskEventStream | None = None,
+    inner_middleware: Sequence[Middleware] = (),
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
     `access` and `usage` (and closes them). `settings`: its body limits,
@@ -387,6 +388,9 @@ def build_app(
     headers before their body is read. `streams`: the slots its A2A
     streams take (default: a `StreamSlots` of the default limits;
     `streams.py`).
+
+    `inner_middleware` runs innermost, after the callers' auth and the body
+    limits (the orchestrator's forwarding of a session's messages).
 
     `metrics` (None: none) are served at `/metrics`, behind the same auth
     unless `settings.metrics_public`, and fed from this app's task saves and
@@ -488,6 +492,7 @@ def build_app(
         middleware.append(Middleware(InstrumentsMiddleware, instruments=metrics))
     # A quota's or a stream cap's refusal gets its HTTP shape (429, Retry-After).
     middleware.append(Middleware(RefusalMiddleware))
+    middleware.extend(inner_middleware)
     if access is not None:
         backend = CallerBackend(
             access, public_paths=public, public_prefixes=list(own_credentials or ())
