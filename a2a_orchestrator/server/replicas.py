@@ -149,6 +149,8 @@ class ReplicaExecutor(RoleExecutor):
         )
         self.handler: DefaultRequestHandlerV2 | None = None
         """The request handler adopted turns run through (`served_by`)."""
+        self.quotas: Quotas | None = None
+        """The callers' quotas: an adopted turn counts again (`served_by`)."""
         self._leased: dict[str, str] = {}
         """Context id -> the task whose turn runs here under its lease."""
         self._ending: dict[str, tuple[str, str]] = {}
@@ -169,6 +171,7 @@ class ReplicaExecutor(RoleExecutor):
         """As `RoleExecutor.served_by`; it also continues dead replicas'
         turns through the handler's tasks."""
         self.handler = handler
+        self.quotas = quotas
         return super().served_by(handler, store, quotas)
 
     @contextlib.asynccontextmanager
@@ -350,6 +353,8 @@ class ReplicaExecutor(RoleExecutor):
                 lease.replica,
             )
             self._adopting[lease.task_id] = claim
+            if self.quotas is not None:
+                await self.quotas.adopted(lease.owner, lease.task_id)
             # The SDK's own task machinery runs the turn (its events are
             # stored and streamed like a request's); no public call starts a
             # turn without a message, hence the registry.

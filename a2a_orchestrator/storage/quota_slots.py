@@ -90,6 +90,18 @@ class QuotaSlots:
 
         return await self.connection.run(take)
 
+    async def hold(self, owner: str, key: str) -> None:
+        """Count a turn that runs whatever the limit (one adopted from a dead
+        replica: it was admitted once already)."""
+        await self.connection.run(
+            lambda tx: tx.execute(
+                "INSERT INTO a2a_quota_slots (owner, key, replica, expires_at) "
+                f"VALUES (?, ?, ?, {_NOW} + ?::float8) ON CONFLICT (owner, key) DO UPDATE "
+                "SET replica = excluded.replica, expires_at = excluded.expires_at",
+                (owner, key, self.replica, self.seconds),
+            )
+        )
+
     async def move(self, owner: str, key: str, to: str) -> None:
         """Rename `owner`'s slot `key` to `to` (an admission becomes its
         task's slot); a no-op if there is no such slot."""

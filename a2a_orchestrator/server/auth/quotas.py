@@ -33,8 +33,9 @@ process, so a caller's `concurrent_tasks` holds across replicas; the
 admission takes a slot in one atomic statement, the task's save as running
 renames it to the task, the save that ends the turn (on any replica) frees
 it, and a replica that dies stops renewing its slots, which stop counting
-after a lease. The usage log is then a table in that database
-(`PgUsageLog`) and the day's tokens are read from it at each admission, so
+after a lease (the replica that adopts its turn counts that turn again).
+The usage log is then a table in that database (`PgUsageLog`) and the
+day's tokens are read from it at each admission, so
 `tokens_per_day` holds across replicas too. `tasks_per_minute` is still
 counted per replica.
 """
@@ -289,6 +290,12 @@ class Quotas:
             f"quota exceeded: {quota} is {limit} for this caller ({why}); "
             f"retry after {retry_after} s",
         )
+
+    async def adopted(self, owner: str, task_id: str) -> None:
+        """Count a turn this replica took over from a dead one (across
+        replicas only: a single server adopts nothing); its end frees it."""
+        if self.slots is not None and self._limits(owner).concurrent_tasks is not None:
+            await self.slots.hold(owner, task_id)
 
     def _undo(self, context: ServerCallContext, state: _Caller, start: float) -> None:
         """Take back an admission refused after it was counted here."""
