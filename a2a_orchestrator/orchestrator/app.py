@@ -61,6 +61,7 @@ from a2a.types import (
 )
 from anyio.abc import TaskGroup
 from anyio.abc import TaskStatus as StartedStatus
+from starlette.middleware import Middleware
 
 from ..control.parent import ParentAgent
 from ..control.pipeline import Brief, Pipeline, PipelineCancelled, PipelineError, TaskSpec
@@ -103,6 +104,7 @@ from ..storage.store_pg import PgStore
 from ..tools import Sandbox
 from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .api import OWNER_KEY, api_routes
+from .forwarding import SessionForwarding
 from .settings import OrchestratorSettings
 from .ui import ui_routes
 from .ui_auth import BrowserLogin
@@ -992,9 +994,12 @@ async def run_orchestrator_server(
     )
     # Signed last: after every interface is listed.
     card, more_cards = card_options.served(card, grpc.list_in if grpc is not None else None)
+    forwarding: list[Middleware] = []
     if isinstance(store, PgStore):
         leases = executor.use_leases(store, url=url, seconds=settings.lease_seconds)
         logger.info("orchestrator replica %s (leases of %ss)", leases.owner, settings.lease_seconds)
+        # A message for a session another replica runs is sent on to it.
+        forwarding.append(Middleware(SessionForwarding, leases=leases))
     limits = settings.stream_limits or StreamLimits()
     streams = StreamSlots(limits)
     view = [
@@ -1016,6 +1021,7 @@ async def run_orchestrator_server(
         # checked before their body is read.
         own_credentials={PUSH_PREFIX: receiver.check},
         streams=streams,
+        inner_middleware=forwarding,
     )
     # Outermost: a browser's login cookie becomes the bearer header that the
     # server's own authentication then checks (ui_auth.py), on the view's

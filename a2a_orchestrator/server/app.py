@@ -76,7 +76,9 @@ from ..runtime.events import new_uuid
 from ..runtime.factory import CONTROL_ACTIONS, RoleRuntime
 from ..runtime.overrides import offered_models
 from ..runtime.roles import Role
+from ..storage.database.postgres import PgConnection
 from ..storage.journal import ToolJournal
+from ..storage.quota_slots import QuotaSlots
 from ..storage.tasks.observed import observed as observing
 from ..storage.tasks.sqlite import SQLiteTaskStore, TaskOwner
 from ..tools import Sandbox, Workspace
@@ -84,7 +86,7 @@ from ..tools.sandbox import UNSANDBOXED_NOTE, store_paths
 from .auth.access import Access
 from .auth.callers import Limits
 from .auth.quotas import QuotaContextBuilder, Quotas, RefusalMiddleware
-from .auth.usage import UsageLog, usage_path
+from .auth.usage import PgUsageLog, UsageLog, usage_path
 from .executor import HOLD_LIMIT, RoleExecutor
 from .handler import RoleRequestHandler
 from .middleware import (
@@ -363,13 +365,15 @@ def build_app(
     *,
     settings: AppSettings = DEFAULT_APP,
     access: Access | None = None,
-    usage: UsageLog | None = None,
+    usage: UsageLog | PgUsageLog | None = None,
+    quota_slots: QuotaSlots | None = None,
     metrics: Metrics | None = None,
     streams: StreamSlots | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     own_credentials: Mapping[str, HeaderCheck] | None = None,
     event_stream: TaskEventStream | None = None,
     more_cards: Mapping[str, AgentCard] | None = None,
+    inner_middleware: Sequence[Middleware] = (),
 ) -> Starlette:
     """The Starlette app of an A2A server; its lifespan owns the handler,
     `access` and `usage` (and closes them). `settings`: its body limits,
@@ -386,6 +390,9 @@ def build_app(
     streams take (default: a `StreamSlots` of the default limits;
     `streams.py`).
 
+    `inner_middleware` runs innermost, after the callers' auth and the body
+    limits (the orchestrator's forwarding of a session's messages).
+
     `metrics` (None: none) are served at `/metrics`, behind the same auth
     unless `settings.metrics_public`, and fed from this app's task saves and
     the conversations its requests run (`metrics.py`). `event_stream`
@@ -396,7 +403,7 @@ def build_app(
     card listing gRPC, `CardOptions.served`), as public as it.
     """
     quotas = (
-        Quotas(access.limits if access is not None else _no_limits, usage)
+        Quotas(access.limits if access is not None else _no_limits, usage, slots=quota_slots)
         if access is not None or usage is not None
         else None
     )
@@ -421,8 +428,11 @@ def build_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Deliveries outlive the handler: the last events of the tasks it
         # drains on the way out still reach their webhooks.
-        async with push.running(), serving(app):
+        async with push.running(), quotas_kept(), serving(app):
             yield
+
+    def quotas_kept() -> contextlib.AbstractAsyncContextManager[None]:
+        return quotas.kept() if quotas is not None else contextlib.nullcontext()
 
     @contextlib.asynccontextmanager
     async def serving(app: Starlette) -> AsyncIterator[None]:
@@ -494,6 +504,7 @@ def build_app(
         middleware.append(Middleware(InstrumentsMiddleware, instruments=metrics))
     # A quota's or a stream cap's refusal gets its HTTP shape (429, Retry-After).
     middleware.append(Middleware(RefusalMiddleware))
+    middleware.extend(inner_middleware)
     if access is not None:
         backend = CallerBackend(
             access, public_paths=public, public_prefixes=list(own_credentials or ())
@@ -671,6 +682,8 @@ async def run_role_server(
     executor: RoleExecutor
     event_stream: TaskEventStream | None = None
     task_store: TaskStore | VersionedTaskStore
+    usage: UsageLog | PgUsageLog | None = None
+    quota_slots: QuotaSlots | None = None
     if is_replica_url(db):
         from ..storage.tasks.cluster import ClusterStores
         from .replicas import ReplicaExecutor, ReplicaSettings
@@ -688,6 +701,16 @@ async def run_role_server(
             max_memory=settings.max_memory,
             runtime=runtime,
         )
+        if access is not None:
+            # Quotas across the replicas: usage and running turns counted in
+            # their database (`quotas.py`).
+            shared = cluster.engine.url.render_as_string(hide_password=False)
+            usage = PgUsageLog(shared)
+            quota_slots = QuotaSlots(
+                PgConnection(shared, "quota slots"),
+                executor.settings.replica_id,
+                executor.settings.lease,
+            )
     else:
         task_store = open_task_store(db)
         executor = RoleExecutor(
@@ -713,7 +736,10 @@ async def run_role_server(
         access=access,
         # Usage is kept per caller: with auth off there is one anonymous
         # caller and nothing to tell apart (nor a write per task to pay).
-        usage=UsageLog(usage_path(db, role.name, workdir)) if access is not None else None,
+        usage=usage
+        if usage is not None or access is None
+        else UsageLog(usage_path(db, role.name, workdir)),
+        quota_slots=quota_slots,
         settings=settings,
         metrics=_metrics() if settings.metrics else None,
         streams=StreamSlots(settings.stream_limits),

@@ -220,23 +220,6 @@ class RoleRequestHandler(DefaultRequestHandler):
         except ConfigError as exc:
             raise InvalidParamsError(message=f"{CONFIG_KEY}: {exc}") from exc
 
-    async def _check_not_elsewhere(self, params: SendMessageRequest) -> None:
-        """Refuse a follow-up whose task's turn runs on another replica: it
-        cannot queue behind a turn in another process (`replicas.py`)."""
-        executor = self.agent_executor
-        message = params.message
-        if not message.task_id or not message.context_id:
-            return
-        running_elsewhere = getattr(executor, "running_elsewhere", None)
-        if running_elsewhere is None:
-            return
-        holder = await running_elsewhere(message.context_id)
-        if holder:
-            raise UnsupportedOperationError(
-                message=f"task {message.task_id} has a turn running on replica {holder}; "
-                "send the message once that turn has ended"
-            )
-
     def _parsed(self, params: SendMessageRequest, context: ServerCallContext) -> TurnRequest:
         """The message's metadata, parsed once here: the executor reads it
         from the call context (`requests.turn_request`)."""
@@ -282,7 +265,6 @@ class RoleRequestHandler(DefaultRequestHandler):
             return controlled
         self._check_config(request)
         await self._fill_context_id(params, context)
-        await self._check_not_elsewhere(params)
         async with self._one_at_a_time(params) as opening:
             new = await self._check_context(params, context)
             repeated = await self._repeated(params, context) if opening and not new else None
@@ -309,7 +291,6 @@ class RoleRequestHandler(DefaultRequestHandler):
             return
         self._check_config(request)
         await self._fill_context_id(params, context)
-        await self._check_not_elsewhere(params)
         events: AsyncGenerator[Any, None] | None = None
         async with self._one_at_a_time(params) as opening:
             new = await self._check_context(params, context)

@@ -15,8 +15,9 @@ role's executor, plus what lets N processes serve one role together.
   message on a replica that does not hold the conversation in memory (or
   whose copy is stale: another replica took a turn since) rebuilds it from
   the stored history, as a restarted server does. A message for a task whose
-  turn runs on another replica is refused (the handler: it cannot queue
-  behind a turn in another process); a new task in such a context fails
+  turn runs on another replica waits for that turn to end (its lease given
+  back, its end stored), then runs, as it queues on one server; a new task
+  in such a context fails
   with the reason, like a busy context on one server.
 - Cancel: CancelTask on any replica records CANCELED in the shared store
   (the SDK); the replica running the turn sees it within `poll` seconds
@@ -55,7 +56,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
-from a2a.types import TaskState
+from a2a.types import TaskState, UnsupportedOperationError
 from anyio.abc import TaskGroup
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
@@ -93,7 +94,16 @@ _END_SAVE_LIMIT = 10.0
 EVENT_POLL = POLL
 """Default `ReplicaSettings.event_poll`: the SDK's own stream's interval."""
 
+# How often a follow-up waiting for another replica's turn looks at its lease.
+_WAIT_STEP = 0.2
+
 _RUNNING_STATES = {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
+_ENDED_STATES = {
+    "TASK_STATE_COMPLETED",
+    "TASK_STATE_FAILED",
+    "TASK_STATE_CANCELED",
+    "TASK_STATE_REJECTED",
+}
 _ADOPTABLE = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
 
 
@@ -173,6 +183,8 @@ class ReplicaExecutor(RoleExecutor):
         )
         self.handler: DefaultRequestHandlerV2 | None = None
         """The request handler adopted turns run through (`served_by`)."""
+        self.quotas: Quotas | None = None
+        """The callers' quotas: an adopted turn counts again (`served_by`)."""
         self._leased: dict[str, str] = {}
         """Context id -> the task whose turn runs here under its lease."""
         self._ending: dict[str, tuple[str, str]] = {}
@@ -193,6 +205,7 @@ class ReplicaExecutor(RoleExecutor):
         """As `RoleExecutor.served_by`; it also continues dead replicas'
         turns through the handler's tasks."""
         self.handler = handler
+        self.quotas = quotas
         return super().served_by(handler, store, quotas)
 
     @contextlib.asynccontextmanager
@@ -236,15 +249,16 @@ class ReplicaExecutor(RoleExecutor):
             return
         else:
             claim = await self.leases.acquire(context_id, task_id, owner)
+        if claim is None and task is not None:
+            # A follow-up while its context's turn runs on another replica:
+            # queued behind that turn, as on one server.
+            claim = await self._after_turn_elsewhere(context_id, task_id, owner)
+            # The task as that turn left it, not as it stood when this message came.
+            stored = await self.cluster.tasks.get(task_id, context.call_context)
+            if stored is not None:
+                context.current_task = stored.task
         if claim is None:
             holder = await self.leases.holder(context_id)
-            if task is not None:
-                # A follow-up that raced a turn starting on another replica:
-                # the task is that replica's; nothing is written to it here.
-                logger.warning(
-                    "task %s runs on replica %s; its message was not taken here", task_id, holder
-                )
-                return
             self._refused[task_id] = (
                 f"context {context_id} is busy: a turn runs in it on replica {holder}; "
                 "wait for it to end, or use another context"
@@ -274,12 +288,34 @@ class ReplicaExecutor(RoleExecutor):
                     await self._release(context_id)
         await self._release_once_stored(context_id)
 
+    async def _after_turn_elsewhere(self, context_id: str, task_id: str, owner: str) -> Claim:
+        """The context's lease, taken once the turn another replica runs in
+        it has ended (its end stored, the lease given back; a dead holder's
+        turn adopted and ended first). Nothing is written to the task
+        before: the SDK stores this message on top of that turn's end. A
+        task that turn ended for good (or a cancel did) takes no message,
+        as on one server."""
+        logger.info("task %s: its message waits for the turn running on another replica", task_id)
+        while True:
+            if await self.leases.held_elsewhere(context_id) is None:
+                claim = await self.leases.acquire(context_id, task_id, owner)
+                if claim is not None:
+                    break
+            await anyio.sleep(_WAIT_STEP)
+        state = (await self._states({task_id})).get(task_id, "")
+        if state in _ENDED_STATES:
+            await self._release(context_id)
+            raise UnsupportedOperationError(
+                message=f"Task {task_id} is in terminal state: {state} (its turn on another "
+                "replica ended it while this message waited)"
+            )
+        return claim
+
     async def running_elsewhere(self, context_id: str) -> str | None:
         """The replica whose turn runs in `context_id`, if not this one."""
         if context_id in self._leased:
             return None
-        holder = await self.leases.holder(context_id)
-        return holder if holder != self.settings.replica_id else None
+        return await self.leases.held_elsewhere(context_id)
 
     async def control_anywhere(
         self,
@@ -386,6 +422,8 @@ class ReplicaExecutor(RoleExecutor):
                 lease.replica,
             )
             self._adopting[lease.task_id] = claim
+            if self.quotas is not None:
+                await self.quotas.adopted(lease.owner, lease.task_id)
             # The SDK's own task machinery runs the turn (its events are
             # stored and streamed like a request's); no public call starts a
             # turn without a message, hence the registry.

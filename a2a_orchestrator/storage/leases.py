@@ -274,5 +274,14 @@ class ConversationLeases:
         lease = await self.table.get(context_id)
         return lease.holder if lease is not None and lease.live else None
 
+    async def held_elsewhere(self, context_id: str) -> str | None:
+        """The other replica holding the context's lease, live or expired
+        (an expired one awaits adoption: its turn is not over); None when
+        it is free or this replica's."""
+        lease = await self.table.get(context_id)
+        if lease is None or lease.holder in (None, self.replica):
+            return None
+        return lease.holder
+
     def close(self) -> None:
         self.table.connection.close()

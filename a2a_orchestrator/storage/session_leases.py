@@ -11,8 +11,9 @@ session over (`on_takeover`: open it and run crash recovery, `Session.recover`).
 Contract:
 - `claim(session_id)` before a session is opened here: it raises
   `SessionOwnedElsewhere` (naming the owner and its URL) while another
-  replica holds a live lease. Requests are not forwarded; the error says
-  where to send them.
+  replica holds a live lease. `elsewhere(session_id)` tells that URL
+  before a request is handled, so the server forwards the request there
+  (`orchestrator/forwarding.py`).
 - `release(session_id, hand_off=...)` when it closes: an idle session's
   lease is dropped (nothing to take over); a session closed with work left
   (the server stopping) is handed off: its lease expires at once.
@@ -105,6 +106,16 @@ class Leases:
             )
         self.held.add(session_id)
         self._renewed[session_id] = sent
+
+    async def elsewhere(self, session_id: str) -> str | None:
+        """The URL of the other replica holding a live lease of the session
+        (None: free, expired, or held here)."""
+        if session_id in self.held:
+            return None
+        lease = await self.store.leases.get(session_id)
+        if lease is None or not lease.live or lease.holder == self.owner or not lease.url:
+            return None
+        return lease.url if lease.url.rstrip("/") != self.url.rstrip("/") else None
 
     async def release(self, session_id: str, *, hand_off: bool) -> None:
         self.held.discard(session_id)

@@ -28,7 +28,7 @@ from support.postgres import Postgres
 from support.servers import a2a_client, role_server
 
 from a2a_orchestrator.orchestrator.app import MODE_KEY
-from a2a_orchestrator.runtime.events import Failed
+from a2a_orchestrator.runtime.events import Done
 from a2a_orchestrator.storage.session_leases import Leases
 from a2a_orchestrator.storage.store_pg import PgStore
 
@@ -147,10 +147,19 @@ async def test_a_replica_cut_off_from_the_database_stops_its_sessions_before_the
 
 
 @contextmanager
-def replica(tmp_path: Path, name: str, store: str, role_url: str) -> Iterator[tuple[Any, str]]:
-    """`a2a-orchestrator serve orchestrator --store postgresql://...` as its own process."""
+def replica(
+    tmp_path: Path,
+    name: str,
+    store: str,
+    role_url: str,
+    parent: list[dict[str, Any]] | None = None,
+    token: str = "",
+) -> Iterator[tuple[Any, str]]:
+    """`a2a-orchestrator serve orchestrator --store postgresql://...` as its
+    own process, its parent model playing `parent` (default `PARENT_SCRIPT`),
+    callers needing `token` if one is given."""
     script = tmp_path / "parent.json"
-    script.write_text(json.dumps(PARENT_SCRIPT))
+    script.write_text(json.dumps(parent or PARENT_SCRIPT))
     workdir = tmp_path / "work"
     workdir.mkdir(exist_ok=True)
     env = {
@@ -161,6 +170,7 @@ def replica(tmp_path: Path, name: str, store: str, role_url: str) -> Iterator[tu
         "OPENAI_BASE_URL": "",
         "OPENAI_API_KEY": "",
         "A2A_AGENT_CODER_URL": role_url,
+        "A2A_AUTH_TOKEN": token,
     }
     process = subprocess.Popen(
         [
@@ -243,7 +253,7 @@ async def test_a_killed_replicas_session_is_taken_over_and_every_result_delivere
         async with role_server(tmp_path / "role", child_script, db=tmp_path / "role.db") as server:
             with (
                 replica(tmp_path, "a", url, server.url) as (process_a, url_a),
-                replica(tmp_path, "b", url, server.url) as (process_b, url_b),
+                replica(tmp_path, "b", url, server.url) as (process_b, _),
             ):
                 request = user_message("fan out")
                 request.message.metadata.update({MODE_KEY: "delegate"})
@@ -270,14 +280,6 @@ async def test_a_killed_replicas_session_is_taken_over_and_every_result_delivere
                     lease = await store.leases.get(session_id)
                     assert lease is not None and lease.url == url_a
 
-                    # Replica B refuses a session A holds, naming A.
-                    follow_up = user_message("and more", context_id=session_id)
-                    follow_up.message.metadata.update({MODE_KEY: "delegate"})
-                    async with a2a_client(url_b) as client:
-                        _, events = await collect(client, follow_up)
-                    assert isinstance(events[-1], Failed)
-                    assert url_a in events[-1].message
-
                     process_a.send_signal(signal.SIGKILL)
                     await anyio.to_thread.run_sync(process_a.wait)
                     # Mid-turn at the kill: nothing of the children is finished yet.
@@ -303,3 +305,55 @@ async def test_a_killed_replicas_session_is_taken_over_and_every_result_delivere
         assert kinds.count("started") == 1, (child.child_id, kinds)
     uuids = [e.uuid for e in events]
     assert len(uuids) == len(set(uuids))
+
+
+TOKEN = "forwarding-test-token"
+
+# The first turn spawns a slow child and ends; the session stays open on its
+# replica (its lease held) while the child works. The second is the follow-up's.
+FORWARDED_SCRIPT = [
+    {
+        "tool_calls": [
+            {"name": "agent", "arguments": {"agents": [{"role": "coder", "prompt": "work on x"}]}}
+        ]
+    },
+    {"text": "Spawned."},
+    {"text": "Second turn, on the session's replica."},
+]
+
+
+async def test_a_follow_up_sent_to_the_other_replica_is_forwarded_to_the_sessions_owner(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    url = postgres.url(postgres.database())
+    store = PgStore(url)
+    (tmp_path / "role").mkdir()
+    with anyio.fail_after(60):
+        async with role_server(tmp_path / "role", child_script, db=tmp_path / "role.db") as server:
+            with (
+                replica(tmp_path, "a", url, server.url, FORWARDED_SCRIPT, TOKEN) as (
+                    process_a,
+                    url_a,
+                ),
+                replica(tmp_path, "b", url, server.url, FORWARDED_SCRIPT, TOKEN) as (_, url_b),
+            ):
+                request = user_message("spawn one")
+                request.message.metadata.update({MODE_KEY: "delegate"})
+                async with a2a_client(url_a, token=TOKEN) as client:
+                    responses, first = await collect(client, request)
+                session_id = responses[0].task.context_id
+                held = await store.leases.get(session_id)
+                # A stock a2a-sdk client (SSE) talks to replica B only; its
+                # credential goes on with the request (A checks it again).
+                follow_up = user_message("and now?", context_id=session_id)
+                follow_up.message.metadata.update({MODE_KEY: "delegate"})
+                async with a2a_client(url_b, token=TOKEN) as client:
+                    _, events = await collect(client, follow_up)
+                runner = await store.get_runner(session_id)
+    store.close()
+    assert isinstance(first[-1], Done) and first[-1].text == "Spawned."
+    # The session was replica A's (the child still ran) when B got the follow-up.
+    assert held is not None and held.live and held.url == url_a
+    assert isinstance(events[-1], Done), events[-1]
+    assert events[-1].text == "Second turn, on the session's replica."
+    assert runner is not None and runner.pid == process_a.pid

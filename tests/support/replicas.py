@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,9 @@ __all__ = [
     "cluster",
     "lease_of",
     "ran",
+    "role_replicas",
     "rpc",
+    "served_at",
     "start_task",
     "state_on",
     "wait_for",
@@ -72,62 +74,13 @@ class Cluster:
         return next(r for r in self.replicas if r is not replica)
 
 
-def start_replica(
-    name: str, db_url: str, work: Path, script: Path, env: Mapping[str, str] | None = None
-) -> Replica:
-    """A `serve coder` replica on `db_url`, its scripted model reading `script`."""
-    env = {**os.environ, **OFFLINE, "A2A_MODEL_SCRIPT": str(script), **(env or {})}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "a2a_orchestrator.cli",
-            "serve",
-            "coder",
-            "--port",
-            "0",
-            "--db",
-            db_url,
-            "--workdir",
-            str(work),
-            "--replica-id",
-            name,
-            "--lease-seconds",
-            str(LEASE_SECONDS),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"serving A2A at (http://\S+)", line)
-    if not match:
-        process.kill()
-        raise AssertionError(line + (process.stderr.read() if process.stderr else ""))
-    return Replica(name=name, process=process, url=match.group(1))
-
-
 @contextmanager
 def replicas(
     db_url: str, work: Path, script: Path, env: Mapping[str, str] | None = None
 ) -> Iterator[list[Replica]]:
-    started: list[Replica] = []
-    try:
-        for name in REPLICAS:
-            started.append(start_replica(name, db_url, work, script, env))
+    """The deployment's replicas (`REPLICAS`), leased for `LEASE_SECONDS`."""
+    with role_replicas(REPLICAS, db_url, work, script, lease=LEASE_SECONDS, env=env) as started:
         yield started
-    finally:
-        for replica in started:
-            if replica.process.poll() is None:
-                replica.process.send_signal(signal.SIGTERM)
-        for replica in started:
-            try:
-                replica.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                replica.process.kill()
-                replica.process.wait()
 
 
 @asynccontextmanager
@@ -211,3 +164,63 @@ def ran(work: Path) -> int:
 async def state_on(url: str, task_id: str) -> str:
     task = await rpc(url, "GetTask", {"id": task_id})
     return str(task["status"]["state"])
+
+
+def served_at(process: subprocess.Popen[str]) -> str:
+    """The URL a starting server prints (its first lines); fails with its output."""
+    assert process.stdout is not None
+    seen = ""
+    while line := process.stdout.readline():
+        seen += line
+        match = re.search(r"serving A2A at (http://\S+)", line)
+        if match:
+            return match.group(1)
+    process.kill()
+    raise AssertionError(seen + (process.stderr.read() if process.stderr else ""))
+
+
+@contextmanager
+def role_replicas(
+    names: Sequence[str],
+    db_url: str,
+    work: Path,
+    script: Path,
+    *,
+    lease: float,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Iterator[list[Replica]]:
+    """Replicas of the coder role, started one after another (the first
+    creates the tables: a2a-sdk's store does not guard creating them at
+    once), stopped (SIGTERM, then SIGKILL) on the way out; `args` and `env`
+    go to each."""
+    environ = {**os.environ, **OFFLINE, "A2A_MODEL_SCRIPT": str(script), **(env or {})}
+    started: list[subprocess.Popen[str]] = []
+    replicas: list[Replica] = []
+    try:
+        for name in names:
+            command = [
+                *(sys.executable, "-m", "a2a_orchestrator.cli", "serve", "coder"),
+                *("--port", "0", "--db", db_url, "--workdir", str(work)),
+                *("--replica-id", name, "--lease-seconds", str(lease), *args),
+            ]
+            process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=environ,
+            )
+            started.append(process)
+            replicas.append(Replica(name=name, process=process, url=served_at(process)))
+        yield replicas
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in started:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

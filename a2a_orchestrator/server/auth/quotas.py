@@ -26,6 +26,18 @@ executor's Done and Failed) is added to the caller's day. An admitted
 message counts as running from its admission until its task's first such
 save (or the end of its request, if that never comes), so two messages
 arriving together cannot both take the last slot.
+
+Across replicas (`QuotaSlots`, the role's replicas on one PostgreSQL
+database): turns running at once are counted in the database, not in each
+process, so a caller's `concurrent_tasks` holds across replicas; the
+admission takes a slot in one atomic statement, the task's save as running
+renames it to the task, the save that ends the turn (on any replica) frees
+it, and a replica that dies stops renewing its slots, which stop counting
+after a lease (the replica that adopts its turn counts that turn again).
+The usage log is then a table in that database (`PgUsageLog`) and the
+day's tokens are read from it at each admission, so
+`tokens_per_day` holds across replicas too. `tasks_per_minute` is still
+counted per replica.
 """
 
 from __future__ import annotations
@@ -33,8 +45,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import math
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -48,9 +62,11 @@ from a2a.types import InvalidRequestError, Task, TaskState
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ...errors import StoreError
 from ...protocol.decoding import reported_usage
+from ...storage.quota_slots import QuotaSlots
 from .callers import Limits
-from .usage import UsageLog, today
+from .usage import PgUsageLog, UsageLog, today
 
 __all__ = [
     "CONCURRENCY_RETRY_AFTER",
@@ -63,7 +79,10 @@ __all__ = [
 CONCURRENCY_RETRY_AFTER = 5
 """Seconds a caller at its concurrency limit is told to wait (no turn's end is known)."""
 
+logger = logging.getLogger(__name__)
+
 _RESERVATION = "a2a_orchestrator.quota_reservation"
+_SLOT = "a2a_orchestrator.quota_slot"
 _REFUSAL = "a2a_orchestrator.refusal"
 _WINDOW = 60.0
 
@@ -94,18 +113,21 @@ class Quotas:
     """Per-caller admission and accounting (see the module docstring).
 
     `limits(owner)` gives a caller's limits (`Access.limits`); `usage`
-    records what each caller took (None: counted in memory only).
+    records what each caller took (None: counted in memory only); `slots`
+    counts running turns across replicas (None: in this process).
     """
 
     def __init__(
         self,
         limits: Callable[[str], Limits],
-        usage: UsageLog | None = None,
+        usage: UsageLog | PgUsageLog | None = None,
         *,
+        slots: QuotaSlots | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limits = limits
         self.usage = usage
+        self.slots = slots
         self._clock = clock
         self._callers: dict[str, _Caller] = {}
         # Reading the day's tokens and adding a turn's are kept apart, so
@@ -121,12 +143,36 @@ class Quotas:
         return len(state.running) + state.reserved
 
     async def _tokens_today(self, owner: str, state: _Caller, day: str) -> int:
-        if state.day != day:
+        if state.day != day or self.slots is not None:
+            # Across replicas the others' turns add to the day too: read it each time.
             state.day, state.tokens = day, None
         if state.tokens is None:
             rows = await self.usage.rows(day=day, owner=owner) if self.usage else []
             state.tokens = sum(row.tokens for row in rows)
         return state.tokens
+
+    @contextlib.asynccontextmanager
+    async def kept(self) -> AsyncIterator[None]:
+        """For the server's lifetime: keep this replica's slots renewed."""
+        if self.slots is None:
+            yield
+            return
+        await self.slots.create()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._renew_slots, self.slots)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+                self.slots.close()
+
+    async def _renew_slots(self, slots: QuotaSlots) -> None:
+        while True:
+            await anyio.sleep(min(1.0, slots.seconds / 3))
+            try:
+                await slots.renew()
+            except StoreError as exc:
+                logger.warning("renewing this replica's quota slots failed: %s", exc)
 
     @contextlib.asynccontextmanager
     async def admitted(self, context: ServerCallContext) -> AsyncIterator[None]:
@@ -135,7 +181,7 @@ class Quotas:
         try:
             yield
         finally:
-            self.release(context)
+            await self._end_admission(context)
 
     async def tokens_left(self, context: ServerCallContext) -> int | None:
         """How many tokens the request's caller may still use today (its
@@ -175,7 +221,8 @@ class Quotas:
         while state.starts and now - state.starts[0] >= _WINDOW:
             state.starts.popleft()
         if (
-            limits.concurrent_tasks is not None
+            self.slots is None
+            and limits.concurrent_tasks is not None
             and len(state.running) + state.reserved >= limits.concurrent_tasks
         ):
             await self._refuse(
@@ -201,6 +248,25 @@ class Quotas:
         state.starts.append(now)
         state.reserved += 1
         context.state[_RESERVATION] = True
+        if self.slots is not None and limits.concurrent_tasks is not None:
+            key = f"admission:{uuid.uuid4().hex}"
+            try:
+                taken = await self.slots.take(owner, key, limits.concurrent_tasks)
+            except BaseException:
+                self._undo(context, state, now)
+                raise
+            if taken is not None:
+                self._undo(context, state, now)
+                await self._refuse(
+                    context,
+                    owner,
+                    day,
+                    "concurrent_tasks",
+                    limits.concurrent_tasks,
+                    CONCURRENCY_RETRY_AFTER,
+                    f"{taken} task(s) running across replicas",
+                )
+            context.state[_SLOT] = key
         if self.usage is not None:
             await self.usage.add(owner, day, tasks=1)
 
@@ -225,10 +291,30 @@ class Quotas:
             f"retry after {retry_after} s",
         )
 
+    async def adopted(self, owner: str, task_id: str) -> None:
+        """Count a turn this replica took over from a dead one (across
+        replicas only: a single server adopts nothing); its end frees it."""
+        if self.slots is not None and self._limits(owner).concurrent_tasks is not None:
+            await self.slots.hold(owner, task_id)
+
+    def _undo(self, context: ServerCallContext, state: _Caller, start: float) -> None:
+        """Take back an admission refused after it was counted here."""
+        self.release(context)
+        with contextlib.suppress(ValueError):
+            state.starts.remove(start)
+
     def release(self, context: ServerCallContext) -> None:
         """End the request's admission if no task save has taken it over."""
         if context.state.pop(_RESERVATION, None):
             self._caller(resolve_user_scope(context)).reserved -= 1
+
+    async def _end_admission(self, context: ServerCallContext) -> None:
+        """`release`, and free the admission's slot no task took over."""
+        self.release(context)
+        key = context.state.pop(_SLOT, None)
+        if key is not None and self.slots is not None:
+            with anyio.CancelScope(shield=True):
+                await self.slots.free(resolve_user_scope(context), key)
 
     async def observe(self, task: Task, context: ServerCallContext) -> None:
         """Told each save of a task (`ObservedTaskStore`)."""
@@ -238,6 +324,8 @@ class Quotas:
         if status in _ACTIVE or status in _TERMINAL:
             # The admitted turn runs (or already ended): the task counts now.
             self.release(context)
+        if self.slots is not None:
+            await self._observe_slot(task, context, owner)
         if status in _ACTIVE:
             state.running.add(task.id)
             return
@@ -255,6 +343,20 @@ class Quotas:
                 await self.usage.add(
                     owner, day, input_tokens=input_tokens, output_tokens=output_tokens
                 )
+
+    async def _observe_slot(self, task: Task, context: ServerCallContext, owner: str) -> None:
+        """The slots' side of `observe`: the admission's slot becomes the
+        task's while it runs; any other save (on any replica) ends it."""
+        assert self.slots is not None
+        if task.status.state in _ACTIVE:
+            key = context.state.pop(_SLOT, None)
+            if key is not None:
+                await self.slots.move(owner, key, task.id)
+            return
+        await self.slots.free(owner, task.id)
+        key = context.state.pop(_SLOT, None)
+        if key is not None:
+            await self.slots.free(owner, key)
 
 
 def refusal(

@@ -11,6 +11,9 @@ from here, so a restart does not hand a caller a fresh daily budget.
 Read it with any SQLite client:
 
     sqlite3 .a2a/tasks-coder.db 'SELECT * FROM caller_usage ORDER BY day, owner'
+
+Replicas of a role sharing a PostgreSQL database keep the same table there
+(`PgUsageLog`), so a caller's tokens per day count across replicas.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...storage.database import Table
+from ...storage.database.postgres import PgDatabase
 from ...storage.sqlitefile import SQLiteFile
 
-__all__ = ["UsageLog", "UsageRow", "today", "usage_path"]
+__all__ = ["PgUsageLog", "UsageLog", "UsageRow", "today", "usage_path"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS caller_usage (
@@ -34,6 +39,35 @@ CREATE TABLE IF NOT EXISTS caller_usage (
     PRIMARY KEY (owner, day)
 )
 """
+
+
+_TABLE = Table(
+    name="caller_usage",
+    columns=(
+        "owner TEXT NOT NULL, day TEXT NOT NULL, tasks BIGINT NOT NULL DEFAULT 0, "
+        "refused BIGINT NOT NULL DEFAULT 0, input_tokens BIGINT NOT NULL DEFAULT 0, "
+        "output_tokens BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (owner, day)"
+    ),
+)
+
+_ADD = (
+    "INSERT INTO caller_usage AS u (owner, day, tasks, refused, input_tokens, output_tokens) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, day) DO UPDATE SET "
+    "tasks = u.tasks + excluded.tasks, refused = u.refused + excluded.refused, "
+    "input_tokens = u.input_tokens + excluded.input_tokens, "
+    "output_tokens = u.output_tokens + excluded.output_tokens"
+)
+
+
+def _where(day: str | None, owner: str | None) -> tuple[str, list[str]]:
+    where, args = [], []
+    if day is not None:
+        where.append("day = ?")
+        args.append(day)
+    if owner is not None:
+        where.append("owner = ?")
+        args.append(owner)
+    return (f"WHERE {' AND '.join(where)} " if where else ""), args
 
 
 def today() -> str:
@@ -92,28 +126,13 @@ class UsageLog:
 
         def write() -> None:
             with self._file.conn:
-                self._file.conn.execute(
-                    "INSERT INTO caller_usage "
-                    "(owner, day, tasks, refused, input_tokens, output_tokens) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, day) DO UPDATE SET "
-                    "tasks = tasks + excluded.tasks, refused = refused + excluded.refused, "
-                    "input_tokens = input_tokens + excluded.input_tokens, "
-                    "output_tokens = output_tokens + excluded.output_tokens",
-                    row,
-                )
+                self._file.conn.execute(_ADD, row)
 
         await self._file.run(write)
 
     async def rows(self, *, day: str | None = None, owner: str | None = None) -> list[UsageRow]:
         """The rows of a day and/or a caller, by day then owner."""
-        where, args = [], []
-        if day is not None:
-            where.append("day = ?")
-            args.append(day)
-        if owner is not None:
-            where.append("owner = ?")
-            args.append(owner)
-        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        clause, args = _where(day, owner)
 
         def read() -> list[tuple[str, str, int, int, int, int]]:
             return self._file.conn.execute(
@@ -138,3 +157,45 @@ class UsageLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+class PgUsageLog:
+    """The `caller_usage` table in the replicas' PostgreSQL database (the
+    module docstring), with `UsageLog`'s calls."""
+
+    def __init__(self, url: str) -> None:
+        self._db = PgDatabase.open(url, "usage log")
+        self.path = self._db.connection.path
+        self._created = False
+
+    async def _table(self) -> PgDatabase:
+        if not self._created:
+            await self._db.create(_TABLE)
+            self._created = True
+        return self._db
+
+    async def add(
+        self,
+        owner: str,
+        day: str,
+        *,
+        tasks: int = 0,
+        refused: int = 0,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> None:
+        db = await self._table()
+        await db.execute(_ADD, (owner, day, tasks, refused, input_tokens, output_tokens))
+
+    async def rows(self, *, day: str | None = None, owner: str | None = None) -> list[UsageRow]:
+        clause, args = _where(day, owner)
+        db = await self._table()
+        rows = await db.fetch(
+            "SELECT owner, day, tasks, refused, input_tokens, output_tokens "
+            f"FROM caller_usage {clause}ORDER BY day, owner",
+            args,
+        )
+        return [UsageRow(**{k: row[k] for k in row}) for row in rows]
+
+    def close(self) -> None:
+        self._db.close()
