@@ -78,9 +78,10 @@ def _as_postgres(command: list[str]) -> list[str]:
 
 
 @contextmanager
-def running_postgres() -> Iterator[Postgres]:
+def running_postgres(options: str = "") -> Iterator[Postgres]:
     """A throwaway PostgreSQL server until the block exits; `Unavailable`
-    when this machine cannot run one (the fixture skips, a bench stops)."""
+    when this machine cannot run one (the fixture skips, a bench stops).
+    `options`: more server options (`-c name=value ...`)."""
     bin_dir = pg_bin()
     if bin_dir is None:
         raise Unavailable("needs a PostgreSQL server (Debian package postgresql)")
@@ -106,6 +107,7 @@ def running_postgres() -> Iterator[Postgres]:
             f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c max_connections=300"
             # A throwaway server: durability across a power cut is not tested.
             " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            f" {options}"
         )
         start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "log")]
         subprocess.run(

@@ -1,23 +1,24 @@
-"""The shared task store of role server replicas: a2a-sdk's cluster pieces.
+"""The shared stores of role server replicas.
 
-`VersionedDatabaseTaskStore` keeps every task with a version (a save from a
+`PgTaskStore` (`postgres.py`) keeps every task with a version (a save from a
 stale version fails, so a replica's write never silently replaces
 another's, and a cancel recorded by one replica stops the writer on
 another) and appends each applied event to `task_events` in the same
-transaction; `DatabaseTaskEventStream` tails that log, so
+statement; a2a-sdk's `DatabaseTaskEventStream` tails that log, so
 `DefaultRequestHandlerV2` serves SubscribeToTask on any replica with the
-live events of the replica running the task.
+live events of the replica running the task. The event stream, and the
+push config store beside the tasks (`push.py`), are a2a-sdk's on
+SQLAlchemy's engine; the tasks are on asyncpg.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from a2a.server.cluster import (
-    DatabaseTaskEventStream,
-    VersionedDatabaseTaskStore,
-)
+from a2a.server.cluster import DatabaseTaskEventStream
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .postgres import PgTaskStore
 
 __all__ = ["ClusterStores"]
 
@@ -28,21 +29,30 @@ default, 0.5 s, makes every relayed event up to that late)."""
 
 @dataclass(frozen=True)
 class ClusterStores:
-    """The task store and event stream replicas share, on one engine."""
+    """The task store and event stream replicas share, on one database."""
 
+    url: str
+    """The database's URL (asyncpg's connections: tasks, journal, leases)."""
     engine: AsyncEngine
-    tasks: VersionedDatabaseTaskStore
+    """SQLAlchemy's engine, for a2a-sdk's event stream and push config store."""
+    tasks: PgTaskStore
     events: DatabaseTaskEventStream
 
     @classmethod
     def on(cls, engine: AsyncEngine) -> ClusterStores:
+        url = engine.url.render_as_string(hide_password=False)
         return cls(
+            url=url,
             engine=engine,
-            tasks=VersionedDatabaseTaskStore(engine, create_table=True),
+            tasks=PgTaskStore(url, sdk_engine=engine),
             events=DatabaseTaskEventStream(engine, create_table=True, poll_interval_s=EVENT_POLL),
         )
 
     async def initialize(self) -> None:
         """Create the tables (idempotent)."""
-        await self.tasks.initialize()
+        await self.tasks.create()
         await self.events.initialize()
+
+    async def close(self) -> None:
+        self.tasks.close()
+        await self.engine.dispose()

@@ -249,7 +249,17 @@ class _Grouped(GroupCommit):
 class PgTaskStore(VersionedTaskStore):
     """a2a-sdk's `VersionedTaskStore` on PostgreSQL (see the module docstring)."""
 
-    def __init__(self, url: str, *, owner_resolver: OwnerResolver = resolve_user_scope) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        owner_resolver: OwnerResolver = resolve_user_scope,
+        sdk_engine: Any = None,
+    ) -> None:
+        """`sdk_engine`: SQLAlchemy's engine on the same database, for the
+        a2a-sdk stores kept beside this one (push configs, `push.py`)."""
+        self.url = url
+        self.sdk_engine = sdk_engine
         self.connection = PgConnection(url, "task store")
         self.database = PgDatabase(self.connection, own=True)
         self._owner = owner_resolver

@@ -2,9 +2,10 @@
 
 `open_push_config_store` picks the store for a task store: a role server's
 own SQLite file (`SQLiteTaskStore`) gets `SQLitePushConfigStore`, a table
-in the same file; an SQLAlchemy URL (`DatabaseTaskStore`, PostgreSQL for
-replicas) gets a2a-sdk's `DatabasePushNotificationConfigStore` on the same
-engine. Either way configs survive a restart of the server.
+in the same file; replicas' store on PostgreSQL (`PgTaskStore`), or an
+SQLAlchemy URL (`DatabaseTaskStore`), gets a2a-sdk's
+`DatabasePushNotificationConfigStore` on SQLAlchemy's engine for that
+database. Either way configs survive a restart of the server.
 
 `SQLitePushConfigStore` keeps each config as its protobuf bytes, scoped to
 the caller that registered it like the SDK's stores (another caller's are
@@ -47,6 +48,7 @@ from sqlalchemy import and_, func, select
 
 from ...errors import ConfigError
 from ..sqlitefile import SQLiteFile
+from .postgres import PgTaskStore
 from .sqlite import SQLiteTaskStore
 
 __all__ = [
@@ -337,7 +339,9 @@ def open_push_config_store(
     limits = limits or PushLimits()
     if isinstance(task_store, SQLiteTaskStore):
         return SQLitePushConfigStore(task_store.path, limits=limits)
-    # Replicas' versioned store: its plain store holds the engine they share.
+    if isinstance(task_store, PgTaskStore) and task_store.sdk_engine is not None:
+        return _LimitedDatabaseStore(task_store.sdk_engine, limits)
+    # a2a-sdk's versioned store: its plain store holds the engine.
     task_store = getattr(task_store, "as_task_store", task_store)
     if isinstance(task_store, DatabaseTaskStore):
         return _LimitedDatabaseStore(task_store.engine, limits)

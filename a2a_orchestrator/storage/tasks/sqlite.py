@@ -493,8 +493,10 @@ async def task_opened_by(
     `message_id` opened (the first of its history: a repeat of that message
     finds it), or None: by `SQLiteTaskStore.task_opened_by` for our store,
     else by listing the context's tasks page by page."""
+    from .postgres import PgTaskStore  # beside: postgres imports rows, not this module
+
     inner = inside(store)
-    if isinstance(inner, SQLiteTaskStore):
+    if isinstance(inner, (SQLiteTaskStore, PgTaskStore)):
         return await inner.task_opened_by(context_id, message_id, context)
     async for task in context_tasks(store, context_id, context):
         if task.history and task.history[0].message_id == message_id:
@@ -521,8 +523,10 @@ async def context_owners(store: object, context_id: str) -> set[str] | None:
     """The owners of the tasks in `context_id` (any owner's; empty: the
     context has no task), for the stores that can tell (ours, a2a-sdk's SQL
     store); None for other stores."""
+    from .postgres import PgTaskStore
+
     store = inside(store)  # observed for quotas, metrics, the executor
-    if isinstance(store, SQLiteTaskStore):
+    if isinstance(store, (SQLiteTaskStore, PgTaskStore)):
         return await store.context_owners(context_id)
     if isinstance(store, DatabaseTaskStore):
         from sqlalchemy import select
