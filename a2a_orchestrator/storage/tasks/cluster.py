@@ -6,9 +6,9 @@ another's, and a cancel recorded by one replica stops the writer on
 another) and appends each applied event to `task_events` in the same
 statement; a2a-sdk's `DatabaseTaskEventStream` tails that log, so
 `DefaultRequestHandlerV2` serves SubscribeToTask on any replica with the
-live events of the replica running the task. The event stream, and the
-push config store beside the tasks (`push.py`), are a2a-sdk's on
-SQLAlchemy's engine; the tasks are on asyncpg.
+live events of the replica running the task. The event stream alone is
+a2a-sdk's on SQLAlchemy's engine; the tasks and their push configs
+(`push.py`) are on asyncpg.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class ClusterStores:
     url: str
     """The database's URL (asyncpg's connections: tasks, journal, leases)."""
     engine: AsyncEngine
-    """SQLAlchemy's engine, for a2a-sdk's event stream and push config store."""
+    """SQLAlchemy's engine, for a2a-sdk's event stream."""
     tasks: PgTaskStore
     events: DatabaseTaskEventStream
 
@@ -44,7 +44,7 @@ class ClusterStores:
         return cls(
             url=url,
             engine=engine,
-            tasks=PgTaskStore(url, sdk_engine=engine),
+            tasks=PgTaskStore(url),
             events=DatabaseTaskEventStream(engine, create_table=True, poll_interval_s=EVENT_POLL),
         )
 

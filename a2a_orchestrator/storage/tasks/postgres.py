@@ -254,12 +254,8 @@ class PgTaskStore(VersionedTaskStore):
         url: str,
         *,
         owner_resolver: OwnerResolver = resolve_user_scope,
-        sdk_engine: Any = None,
     ) -> None:
-        """`sdk_engine`: SQLAlchemy's engine on the same database, for the
-        a2a-sdk stores kept beside this one (push configs, `push.py`)."""
         self.url = url
-        self.sdk_engine = sdk_engine
         self.connection = PgConnection(url, "task store")
         self.database = PgDatabase(self.connection, own=True)
         self._owner = owner_resolver
