@@ -8,9 +8,10 @@ protobuf bytes in rows (`rows`: the task without its history in one
 row, each history message in a row of its own) and runs plain sqlite3: a
 few hundred microseconds a call in a worker thread, and its writes and
 indexed reads run on the event loop when the file is free
-(`SQLiteFile.write`, `read`), saving the thread hop. For PostgreSQL, or
-several replicas on one database, pass an SQLAlchemy URL and the server
-uses `DatabaseTaskStore`.
+(`SQLiteFile.write`, `read`), saving the thread hop. Replicas on one
+PostgreSQL use `PgTaskStore` (`postgres.py`), the same layout and save
+logic (`rows`) versioned; another SQLAlchemy URL gets a2a-sdk's
+`DatabaseTaskStore`.
 
 Saves: a2a-sdk saves the whole task on every event, and the task grows by
 its history (each status message is moved into it), so a save here writes
@@ -30,7 +31,7 @@ transaction with every other held frame, in order. `list`,
 held first.
 
 The file has one writer, this store (a role server's own SQLite file;
-replicas share a database through `DatabaseTaskStore` instead), so it also
+replicas share a database through `PgTaskStore` instead), so it also
 answers `get` from memory for the tasks still running or waiting here and
 for ids it found absent, without a trip to a worker thread. What it keeps
 of a live task is its head and history messages as bytes, so neither a
