@@ -33,6 +33,7 @@ from a2a.types import (
 from sqlalchemy.ext.asyncio import create_async_engine
 from support.postgres import Postgres
 
+from a2a_orchestrator.errors import StoreError
 from a2a_orchestrator.storage.database.postgres import PgConnection
 from a2a_orchestrator.storage.leases import ConversationLeases
 from a2a_orchestrator.storage.tasks.postgres import PgTaskStore
@@ -286,3 +287,33 @@ async def test_listing_pages_and_the_servers_own_reads(store: PgTaskStore) -> No
     assert opened is not None and opened.id == "t4"
     assert states == {"t0": TaskState.TASK_STATE_WORKING, "x": TaskState.TASK_STATE_WORKING}
     assert gone is None
+
+
+async def test_saves_at_once_commit_together_and_a_failing_one_fails_alone(
+    store: PgTaskStore, database: str
+) -> None:
+    # A task id past task_events' 36 characters (a2a-sdk's column) makes its
+    # event's insert fail: a database error inside a group of saves.
+    bad = "x" * 40
+    results: dict[str, object] = {}
+
+    async def save(task_id: str) -> None:
+        t = task(task_id)
+        try:
+            results[task_id] = await store.save(
+                t, event=t, prev_version=TaskVersion.MISSING, context=ALICE
+            )
+        except StoreError as exc:
+            results[task_id] = exc
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            for n in range(20):
+                group.start_soon(save, f"t{n}")
+            group.start_soon(save, bad)
+        stored = await rows(database, "SELECT id FROM a2a_tasks")
+        logged = await rows(database, "SELECT task_id FROM task_events")
+    assert isinstance(results[bad], StoreError)
+    assert all(results[f"t{n}"] == TaskVersion(1) for n in range(20))
+    assert sorted(r["id"] for r in stored) == sorted(f"t{n}" for n in range(20))
+    assert len(logged) == 20
