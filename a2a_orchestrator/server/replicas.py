@@ -295,7 +295,8 @@ class ReplicaExecutor(RoleExecutor):
         for context_id, (task_id, hand_back) in list(self._ending.items()):
             # Ended by another replica's write (a cancel), or its end's save
             # failed: nothing gives the lease back but this.
-            if not hand_back.given and states.get(task_id) not in _ADOPTABLE:
+            giving = hand_back.given or hand_back.giving
+            if not giving and states.get(task_id) not in _ADOPTABLE:
                 await self._release(context_id, task_id)
         for lease in await self.leases.expired():
             claim = await self.leases.adopt(lease)

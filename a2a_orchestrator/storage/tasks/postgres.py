@@ -189,6 +189,8 @@ class HandBack:
     """The replica holding the lease."""
     given: bool = False
     """Whether a save gave it back (with the turn's end)."""
+    giving: bool = False
+    """Whether a save that gives it back is being written."""
 
 
 @dataclass(frozen=True)
@@ -323,7 +325,13 @@ class PgTaskStore(VersionedTaskStore):
             to_stream_response(event).SerializeToString() if event is not None else None,
             hand_back,
         )
-        row = await self._writer.fetchrow(sql, params)
+        if hand_back is not None:
+            hand_back.giving = True
+        try:
+            row = await self._writer.fetchrow(sql, params)
+        finally:
+            if hand_back is not None:
+                hand_back.giving = False
         if row is None:
             self._forget(task.id)
             raise ConcurrentTaskModificationError(task.id)
