@@ -43,6 +43,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE = 15.0
 """Seconds a replica's lease outlives its last renewal (`A2A_LEASE_SECONDS`)."""
+
+# How long a turn whose execution returned may wait for its task's first
+# write before its lease goes back (the SDK failed to store it).
+_END_SAVE_LIMIT = 10.0
 
 _ADOPTABLE = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
 
@@ -141,9 +146,9 @@ class ReplicaExecutor(RoleExecutor):
         """Context id -> the task whose turn runs here under its lease."""
         self._giving: dict[str, HandBack] = {}
         """Context id -> how the turn running here gives its lease back."""
-        self._ending: dict[str, tuple[str, HandBack]] = {}
-        """Context id -> (task id, lease hand-back) of a turn over whose end
-        is not stored yet."""
+        self._ending: dict[str, tuple[str, HandBack, float]] = {}
+        """Context id -> (task id, lease hand-back, when execution returned)
+        of a turn over whose end is not stored yet."""
         self._turns_seen: dict[str, int] = {}
         """Context id -> the turn count when this replica last took its lease."""
         self._adopting: dict[str, Claim] = {}
@@ -240,7 +245,7 @@ class ReplicaExecutor(RoleExecutor):
             elif not hand_back.given:
                 # Its end is not written yet: the save that writes it gives
                 # the lease back (else the renewal loop does).
-                self._ending[context_id] = (task_id, hand_back)
+                self._ending[context_id] = (task_id, hand_back, time.monotonic())
 
     async def running_elsewhere(self, context_id: str) -> str | None:
         """The replica whose turn runs in `context_id`, if not this one."""
@@ -272,7 +277,7 @@ class ReplicaExecutor(RoleExecutor):
                 logger.warning("lease upkeep failed (retried in %g s): %s", self.settings.poll, exc)
 
     async def _tend(self) -> None:
-        for context_id, (_task, hand_back) in list(self._ending.items()):
+        for context_id, (_task, hand_back, _returned) in list(self._ending.items()):
             if hand_back.given:
                 del self._ending[context_id]
         # A turn whose end is written gave its lease back (its execution
@@ -287,16 +292,24 @@ class ReplicaExecutor(RoleExecutor):
             if context_id not in kept:
                 self._abort(task_id, "lost", "this replica lost the task's lease to another")
         states = await self.cluster.tasks.states(
-            [*held.values(), *(task_id for task_id, _ in self._ending.values())]
+            [*held.values(), *(ending[0] for ending in self._ending.values())]
         )
         for task_id in held.values():
             if states.get(task_id) == TaskState.TASK_STATE_CANCELED:
                 self._abort(task_id, "aborted", "canceled by request")
-        for context_id, (task_id, hand_back) in list(self._ending.items()):
+        for context_id, (task_id, hand_back, returned) in list(self._ending.items()):
+            if hand_back.given or hand_back.giving:
+                continue
+            state = states.get(task_id)
             # Ended by another replica's write (a cancel), or its end's save
-            # failed: nothing gives the lease back but this.
-            giving = hand_back.given or hand_back.giving
-            if not giving and states.get(task_id) not in _ADOPTABLE:
+            # failed: nothing gives the lease back but this. A task not
+            # stored yet (the SDK's writes lag its execution) keeps it, unless
+            # nothing was stored for `_END_SAVE_LIMIT` seconds.
+            if state is None:
+                ended = time.monotonic() - returned > _END_SAVE_LIMIT
+            else:
+                ended = state not in _ADOPTABLE
+            if ended:
                 await self._release(context_id, task_id)
         for lease in await self.leases.expired():
             claim = await self.leases.adopt(lease)
