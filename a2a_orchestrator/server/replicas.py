@@ -11,9 +11,10 @@ role's executor, plus what lets N processes serve one role together.
   taken before the turn's first write and renewed every `poll` seconds while
   it runs; it is given back by the save that stores the turn's end, in the
   same statement (`PgTaskStore.hand_back`): given back before, a crash in
-  between would leave the task working with nobody to adopt it. An end
-  another replica wrote (a cancel), or a turn whose end was not written,
-  gives it back at the next renewal. A follow-up
+  between would leave the task working with nobody to adopt it. That save
+  may come before the turn's execution returns (what follows the end writes
+  nothing to the task). An end another replica wrote (a cancel), or a turn
+  whose end's save failed, gives it back at the next renewal. A follow-up
   message on a replica that does not hold the conversation in memory (or
   whose copy is stale: another replica took a turn since) rebuilds it from
   the stored history, as a restarted server does. A message for a task whose
