@@ -3,15 +3,20 @@
 `serve ROLE --db postgresql+asyncpg://...` serves a `ReplicaExecutor`: the
 role's executor, plus what lets N processes serve one role together.
 
-- Reads and streams: the tasks live in a2a-sdk's versioned store and every
-  applied event in its log (`tasks/cluster.py`), so any replica answers
+- Reads and streams: the tasks live in a versioned store and every applied
+  event in a2a-sdk's log (`tasks/cluster.py`), so any replica answers
   GetTask and ListTasks, and SubscribeToTask on a replica that does not run
   the task hears of each new event by notify and reads it from the log (the
   live events of the replica that does; `storage/tasks/notified.py`). The
   process's one listening connection runs as long as the executor.
 - Leases (`leases.py`): a turn runs only under its conversation's lease,
   taken before the turn's first write and renewed every `poll` seconds while
-  it runs; it is given back once the turn's end is stored. A follow-up
+  it runs; it is given back by the save that stores the turn's end, in the
+  same statement (`PgTaskStore.hand_back`): given back before, a crash in
+  between would leave the task working with nobody to adopt it. That save
+  may come before the turn's execution returns (what follows the end writes
+  nothing to the task). An end another replica wrote (a cancel), or a turn
+  whose end's save failed, gives it back at the next renewal. A follow-up
   message on a replica that does not hold the conversation in memory (or
   whose copy is stale: another replica took a turn since) rebuilds it from
   the stored history, as a restarted server does. A message for a task whose
@@ -46,6 +51,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -58,8 +64,6 @@ from a2a.server.events import EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.types import TaskState, UnsupportedOperationError
 from anyio.abc import TaskGroup
-from sqlalchemy import select
-from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigError, StoreError
 from ..protocol.wire import pause_rules_from_wire, pause_rules_to_wire
@@ -70,6 +74,7 @@ from ..storage.journal import ToolJournal
 from ..storage.leases import Claim, ConversationLeases, StaleLease
 from ..storage.tasks.cluster import ClusterStores
 from ..storage.tasks.notified import POLL
+from ..storage.tasks.postgres import HandBack
 from ..storage.tasks.sqlite import TaskOwner
 from .executor import RoleExecutor
 
@@ -87,8 +92,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_LEASE = 15.0
 """Seconds a replica's lease outlives its last renewal (`A2A_LEASE_SECONDS`)."""
 
-# How long a turn that ended waits for the SDK to store its end before the
-# lease goes back (the renewal loop gives it back later if this runs out).
+# How long a turn whose execution returned may wait for its task's first
+# write before its lease goes back (the SDK failed to store it).
 _END_SAVE_LIMIT = 10.0
 
 EVENT_POLL = POLL
@@ -97,12 +102,11 @@ EVENT_POLL = POLL
 # How often a follow-up waiting for another replica's turn looks at its lease.
 _WAIT_STEP = 0.2
 
-_RUNNING_STATES = {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
 _ENDED_STATES = {
-    "TASK_STATE_COMPLETED",
-    "TASK_STATE_FAILED",
-    "TASK_STATE_CANCELED",
-    "TASK_STATE_REJECTED",
+    TaskState.TASK_STATE_COMPLETED,
+    TaskState.TASK_STATE_FAILED,
+    TaskState.TASK_STATE_CANCELED,
+    TaskState.TASK_STATE_REJECTED,
 }
 _ADOPTABLE = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
 
@@ -164,8 +168,8 @@ class ReplicaExecutor(RoleExecutor):
         """`RoleExecutor`'s arguments (its journal is the shared one), the
         replicas' `cluster` stores and this replica's `settings`."""
         # The journal and the leases on asyncpg, connections of their own to
-        # the cluster's database (a2a-sdk's task store keeps SQLAlchemy's engine).
-        url = cluster.engine.url.render_as_string(hide_password=False)
+        # the cluster's database (the task store has its own).
+        url = cluster.url
         journal = ToolJournal(PgDatabase.open(url, "tool-call journal"), shared=True)
         super().__init__(*args, journal=journal, task_store=cluster.tasks, **kwargs)
         self.shared_journal = journal
@@ -187,8 +191,11 @@ class ReplicaExecutor(RoleExecutor):
         """The callers' quotas: an adopted turn counts again (`served_by`)."""
         self._leased: dict[str, str] = {}
         """Context id -> the task whose turn runs here under its lease."""
-        self._ending: dict[str, tuple[str, str]] = {}
-        """Context id -> (task id, owner) of a turn over whose end is not stored yet."""
+        self._giving: dict[str, HandBack] = {}
+        """Context id -> how the turn running here gives its lease back."""
+        self._ending: dict[str, tuple[str, HandBack, float]] = {}
+        """Context id -> (task id, lease hand-back, when execution returned)
+        of a turn over whose end is not stored yet."""
         self._turns_seen: dict[str, int] = {}
         """Context id -> the turn count when this replica last took its lease."""
         self._adopting: dict[str, Claim] = {}
@@ -230,8 +237,7 @@ class ReplicaExecutor(RoleExecutor):
             self._tg = None
             self.leases.close()
             self.relay.connection.close()
-            self.cluster.close()
-            await self.cluster.engine.dispose()
+            await self.cluster.close()
 
     # -- a turn under its lease ------------------------------------------------
 
@@ -275,18 +281,26 @@ class ReplicaExecutor(RoleExecutor):
             # first, so the model is told they were interrupted.
             await self.shared_journal.recover(context_id)
         self._leased[context_id] = task_id
+        earlier = self._ending.pop(context_id, None)
+        if earlier is not None:
+            # An earlier turn's end not written yet: the lease is this turn's now.
+            self.cluster.tasks.keep(earlier[0])
+        hand_back = self.cluster.tasks.hand_back(task_id, context_id, self.settings.replica_id)
+        self._giving[context_id] = hand_back
         ended = False
         try:
             await super().execute(context, event_queue)
             ended = True
         finally:
             del self._leased[context_id]
-            if ended:
-                self._ending[context_id] = (task_id, owner)
-            else:
+            del self._giving[context_id]
+            if not ended:
                 with anyio.CancelScope(shield=True):
-                    await self._release(context_id)
-        await self._release_once_stored(context_id)
+                    await self._release(context_id, task_id)
+            elif not hand_back.given:
+                # Its end is not written yet: the save that writes it gives
+                # the lease back (else the renewal loop does).
+                self._ending[context_id] = (task_id, hand_back, time.monotonic())
 
     async def _after_turn_elsewhere(self, context_id: str, task_id: str, owner: str) -> Claim:
         """The context's lease, taken once the turn another replica runs in
@@ -302,11 +316,12 @@ class ReplicaExecutor(RoleExecutor):
                 if claim is not None:
                     break
             await anyio.sleep(_WAIT_STEP)
-        state = (await self._states({task_id})).get(task_id, "")
+        state = (await self.cluster.tasks.states({task_id})).get(task_id)
         if state in _ENDED_STATES:
-            await self._release(context_id)
+            await self._release(context_id, task_id)
             raise UnsupportedOperationError(
-                message=f"Task {task_id} is in terminal state: {state} (its turn on another "
+                message=f"Task {task_id} is in terminal state: {TaskState.Name(state)} (its "
+                "turn on another "
                 "replica ended it while this message waited)"
             )
         return claim
@@ -342,26 +357,14 @@ class ReplicaExecutor(RoleExecutor):
     def _refusal(self, task_id: str) -> str:
         return self._refused.pop(task_id, "")
 
-    async def _release(self, context_id: str) -> None:
+    async def _release(self, context_id: str, task_id: str) -> None:
         self._ending.pop(context_id, None)
+        self.cluster.tasks.keep(task_id)
         try:
             await self.leases.release(context_id)
         except StoreError as exc:
             # It expires by itself; the task is over, so nobody adopts it.
             logger.warning("could not give back the lease of context %s: %s", context_id, exc)
-
-    async def _release_once_stored(self, context_id: str) -> None:
-        """Give the lease back once the SDK has stored the turn's end (its
-        terminal or input-required state): released before that, a crash
-        in between would leave the task working with nobody to adopt it."""
-        with anyio.move_on_after(_END_SAVE_LIMIT):
-            while context_id in self._ending and context_id not in self._leased:
-                task_id, _owner = self._ending[context_id]
-                states = await self._states({task_id})
-                if states.get(task_id) not in _RUNNING_STATES:
-                    await self._release(context_id)
-                    return
-                await anyio.sleep(0.01)
 
     # -- the lease loop ----------------------------------------------------------
 
@@ -370,22 +373,44 @@ class ReplicaExecutor(RoleExecutor):
             await anyio.sleep(self.settings.poll)
             try:
                 await self._tend()
-            except (StoreError, SQLAlchemyError, OSError) as exc:
+            except (StoreError, OSError) as exc:
                 logger.warning("lease upkeep failed (retried in %g s): %s", self.settings.poll, exc)
 
     async def _tend(self) -> None:
-        held = dict(self._leased)
+        for context_id, (_task, hand_back, _returned) in list(self._ending.items()):
+            if hand_back.given:
+                del self._ending[context_id]
+        # A turn whose end is written gave its lease back (its execution
+        # may not have returned yet): not renewed, not lost.
+        held = {
+            context_id: task_id
+            for context_id, task_id in self._leased.items()
+            if context_id in self._giving and not self._giving[context_id].given
+        }
         kept = await self.leases.renew(set(held) | set(self._ending))
         for context_id, task_id in held.items():
             if context_id not in kept:
                 self._abort(task_id, "lost", "this replica lost the task's lease to another")
-        states = await self._states(set(held.values()) | {t for t, _ in self._ending.values()})
+        states = await self.cluster.tasks.states(
+            [*held.values(), *(ending[0] for ending in self._ending.values())]
+        )
         for task_id in held.values():
-            if states.get(task_id) == "TASK_STATE_CANCELED":
+            if states.get(task_id) == TaskState.TASK_STATE_CANCELED:
                 self._abort(task_id, "aborted", "canceled by request")
-        for context_id, (task_id, _owner) in list(self._ending.items()):
-            if context_id not in self._leased and states.get(task_id) not in _RUNNING_STATES:
-                await self._release(context_id)
+        for context_id, (task_id, hand_back, returned) in list(self._ending.items()):
+            if hand_back.given or hand_back.giving:
+                continue
+            state = states.get(task_id)
+            # Ended by another replica's write (a cancel), or its end's save
+            # failed: nothing gives the lease back but this. A task not
+            # stored yet (the SDK's writes lag its execution) keeps it, unless
+            # nothing was stored for `_END_SAVE_LIMIT` seconds.
+            if state is None:
+                ended = time.monotonic() - returned > _END_SAVE_LIMIT
+            else:
+                ended = state not in _ADOPTABLE
+            if ended:
+                await self._release(context_id, task_id)
         for lease in await self.leases.expired():
             claim = await self.leases.adopt(lease)
             if claim is not None and self._tg is not None:
@@ -396,24 +421,13 @@ class ReplicaExecutor(RoleExecutor):
         if conversation is not None and conversation.running:
             conversation.abort(reason, message)
 
-    async def _states(self, task_ids: set[str]) -> dict[str, str]:
-        """Each task's stored state name (any owner's)."""
-        if not task_ids:
-            return {}
-        model = self.cluster.tasks.as_task_store.task_model  # type: ignore[attr-defined]
-        async with self.cluster.engine.connect() as conn:
-            rows = await conn.execute(
-                select(model.id, model.status).where(model.id.in_(sorted(task_ids)))
-            )
-            return {str(row[0]): str((row[1] or {}).get("state", "")) for row in rows}
-
     async def _adopt(self, lease: StaleLease, claim: Claim) -> None:
         """Continue the turn a dead replica left running (module docstring)."""
         call_context = ServerCallContext(user=TaskOwner(lease.owner))
         try:
             stored = await self.cluster.tasks.get(lease.task_id, call_context)
             if self.handler is None or stored is None or stored.task.status.state not in _ADOPTABLE:
-                await self._release(lease.context_id)
+                await self._release(lease.context_id, lease.task_id)
                 return
             logger.warning(
                 "adopting task %s (context %s) from replica %s, whose lease expired",

@@ -34,7 +34,15 @@ from typing import Any
 from .database import Table
 from .database.postgres import PgConnection, PgDatabase, Tx
 
-__all__ = ["TABLE", "Claim", "ConversationLeases", "Lease", "LeaseTable", "StaleLease"]
+__all__ = [
+    "TABLE",
+    "Claim",
+    "ConversationLeases",
+    "Lease",
+    "LeaseTable",
+    "StaleLease",
+    "give_back_sql",
+]
 
 TABLE = Table(
     name="a2a_leases",
@@ -166,10 +174,7 @@ class LeaseTable:
         if hand_off:
             sql = "UPDATE a2a_leases SET expires_at = 0 WHERE kind = ? AND key = ? AND holder = ?"
         else:
-            sql = (
-                "UPDATE a2a_leases SET holder = NULL, expires_at = NULL "
-                "WHERE kind = ? AND key = ? AND holder = ?"
-            )
+            sql = give_back_sql("?", "?", "?")
         await self.connection.run(lambda tx: tx.execute(sql, (self.kind, key, holder)))
 
     async def get(self, key: str) -> Lease | None:
@@ -191,6 +196,16 @@ class LeaseTable:
             params.append(limit)
         rows = await self.connection.run(lambda tx: tx.fetch(sql, params))
         return [_lease(row) for row in rows]
+
+
+def give_back_sql(kind: str, key: str, holder: str) -> str:
+    """The statement freeing `holder`'s lease of `key`, given the markers of
+    its parameters: a task store gives a turn's lease back with the turn's
+    end in one statement (`tasks/postgres.py`)."""
+    return (
+        "UPDATE a2a_leases SET holder = NULL, expires_at = NULL "
+        f"WHERE kind = {kind} AND key = {key} AND holder = {holder}"
+    )
 
 
 async def _in_transaction(tx: Tx, fn: Any) -> Any:

@@ -2,16 +2,21 @@
 
 `open_push_config_store` picks the store for a task store: a role server's
 own SQLite file (`SQLiteTaskStore`) gets `SQLitePushConfigStore`, a table
-in the same file; an SQLAlchemy URL (`DatabaseTaskStore`, PostgreSQL for
-replicas) gets a2a-sdk's `DatabasePushNotificationConfigStore` on the same
-engine. Either way configs survive a restart of the server.
+in the same file; replicas' store on PostgreSQL (`PgTaskStore`) gets
+`PgPushConfigStore`, a table in that database on the task store's asyncpg
+connection; an SQLAlchemy URL (`DatabaseTaskStore`) gets a2a-sdk's
+`DatabasePushNotificationConfigStore` on the same engine. Any way, configs
+survive a restart of the server.
 
 `SQLitePushConfigStore` keeps each config as its protobuf bytes, scoped to
 the caller that registered it like the SDK's stores (another caller's are
 not listed, read or deleted), while delivery reads every caller's
 (`get_info_for_dispatch`). The file has one writer, this server, so the ids
 of the tasks that have configs are kept in memory: an event of a task
-without any (nearly all of them) costs no read.
+without any (nearly all of them) costs no read. `PgPushConfigStore` keeps
+them the same way in PostgreSQL, shared by replicas (a config registered on
+one is delivered by the one running the task), so a delivery costs one
+read, with no transaction around it.
 
 A config is kept with the protocol version it was registered in ("1.0",
 "0.3": the store is given the function that tells, `ProtocolOf`), so a
@@ -19,9 +24,9 @@ webhook registered through the v0.3 methods keeps getting v0.3 payloads
 after a restart; `get_targets_for_dispatch` hands each config out with its
 version and its owner (`PushTarget`). The SQLite file keeps it in a
 `protocol` column (a file from before it has the column added, its configs
-"1.0": what they were sent), the in-memory store beside its configs.
-a2a-sdk's database store (PostgreSQL, replicas) keeps no version: its
-configs all get "1.0" (the payloads replicas send every webhook).
+"1.0": what they were sent), `PgPushConfigStore` in one too, the
+in-memory store beside its configs. a2a-sdk's database store (another
+SQLAlchemy URL) keeps no version: its configs all get "1.0".
 
 Every store here keeps the operator's `PushLimits`: each task event becomes
 one POST per config of the task, so a caller may not register configs
@@ -58,13 +63,17 @@ from a2a.types import InvalidParamsError, TaskPushNotificationConfig
 from sqlalchemy import and_, func, select
 
 from ...errors import ConfigError
+from ..database import Table
+from ..database.postgres import PgDatabase, Tx
 from ..sqlitefile import SQLiteFile
+from .postgres import PgTaskStore
 from .sqlite import SQLiteTaskStore
 
 __all__ = [
     "PUSH_MAX_PER_OWNER_ENV",
     "PUSH_MAX_PER_TASK_ENV",
     "DispatchStore",
+    "PgPushConfigStore",
     "ProtocolOf",
     "PushLimits",
     "PushTarget",
@@ -332,6 +341,120 @@ class SQLitePushConfigStore(PushNotificationConfigStore):
             self._tasks.discard(task_id)
 
 
+PG_TABLE = Table(
+    name="push_configs",
+    columns=(
+        "task_id TEXT NOT NULL, config_id TEXT NOT NULL, owner TEXT NOT NULL, "
+        "data BYTEA NOT NULL, protocol TEXT NOT NULL DEFAULT '1.0', "
+        "PRIMARY KEY (task_id, config_id, owner)"
+    ),
+    indexes=("CREATE INDEX IF NOT EXISTS push_configs_owner ON push_configs (owner)",),
+)
+
+
+class PgPushConfigStore(PushNotificationConfigStore):
+    """Push configs in a table of replicas' PostgreSQL database, on the task
+    store's connection (see the module docstring). Replicas counting at once
+    may each let one config past a limit: a bound, not an exact count."""
+
+    def __init__(
+        self,
+        task_store: PgTaskStore,
+        owner_resolver: OwnerResolver = resolve_user_scope,
+        limits: PushLimits | None = None,
+        protocol_of: ProtocolOf = _current,
+    ):
+        self._db = PgDatabase(task_store.connection)
+        self._owner = owner_resolver
+        self.limits = limits or PushLimits()
+        self._protocol_of = protocol_of
+        self._created = False
+
+    async def _ready(self) -> PgDatabase:
+        if not self._created:
+            await self._db.create(PG_TABLE)
+            self._created = True
+        return self._db
+
+    async def set_info(
+        self,
+        task_id: str,
+        notification_config: TaskPushNotificationConfig,
+        context: ServerCallContext,
+    ) -> TaskPushNotificationConfig:
+        self.limits.check_sizes(notification_config)
+        config = normalize_push_notification_config(task_id, _known_fields(notification_config))
+        row = (
+            task_id,
+            config.id,
+            self._owner(context),
+            config.SerializeToString(),
+            self._protocol_of(context),
+        )
+
+        async def write(tx: Tx) -> None:
+            counts = await tx.fetchrow(
+                "SELECT EXISTS (SELECT 1 FROM push_configs WHERE task_id = ? AND config_id = ? "
+                "AND owner = ?) AS replaces, "
+                "(SELECT count(*) FROM push_configs WHERE task_id = ?) AS task, "
+                "(SELECT count(*) FROM push_configs WHERE owner = ?) AS owner",
+                (*row[:3], task_id, row[2]),
+            )
+            assert counts is not None
+            if not counts["replaces"]:
+                self.limits.check_counts(int(counts["task"]), int(counts["owner"]))
+            await tx.execute(
+                "INSERT INTO push_configs (task_id, config_id, owner, data, protocol) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id, config_id, owner) "
+                "DO UPDATE SET data = excluded.data, protocol = excluded.protocol",
+                row,
+            )
+
+        await (await self._ready()).write(write)
+        return config
+
+    async def _select(
+        self, where: str, params: builtins.list[Any]
+    ) -> list[TaskPushNotificationConfig]:
+        db = await self._ready()
+        rows = await db.fetch(
+            f"SELECT data FROM push_configs WHERE {where} ORDER BY config_id", params
+        )
+        return [TaskPushNotificationConfig.FromString(row["data"]) for row in rows]
+
+    async def get_info(
+        self, task_id: str, context: ServerCallContext
+    ) -> list[TaskPushNotificationConfig]:
+        return await self._select("task_id = ? AND owner = ?", [task_id, self._owner(context)])
+
+    async def get_info_for_dispatch(self, task_id: str) -> list[TaskPushNotificationConfig]:
+        return await self._select("task_id = ?", [task_id])
+
+    async def get_targets_for_dispatch(self, task_id: str) -> list[PushTarget]:
+        """Every caller's configs of `task_id`, with their version and owner."""
+        db = await self._ready()
+        rows = await db.fetch(
+            "SELECT data, protocol, owner FROM push_configs WHERE task_id = ? ORDER BY config_id",
+            [task_id],
+        )
+        return [
+            PushTarget(
+                config=TaskPushNotificationConfig.FromString(row["data"]),
+                protocol=row["protocol"],
+                owner=row["owner"],
+            )
+            for row in rows
+        ]
+
+    async def delete_info(
+        self, task_id: str, context: ServerCallContext, config_id: str | None = None
+    ) -> None:
+        where, params = "task_id = ? AND owner = ?", [task_id, self._owner(context)]
+        if config_id is not None:
+            where, params = where + " AND config_id = ?", [*params, config_id]
+        await (await self._ready()).execute(f"DELETE FROM push_configs WHERE {where}", params)
+
+
 def _one(conn: Any, sql: str, *params: Any) -> int:
     return int(conn.execute(sql, params).fetchone()[0])
 
@@ -435,7 +558,9 @@ class _LimitedMemoryStore(InMemoryPushNotificationConfigStore):
             ]
 
 
-DispatchStore = SQLitePushConfigStore | _LimitedDatabaseStore | _LimitedMemoryStore
+DispatchStore = (
+    SQLitePushConfigStore | PgPushConfigStore | _LimitedDatabaseStore | _LimitedMemoryStore
+)
 """A push config store of ours: a2a-sdk's interface and `get_targets_for_dispatch`."""
 
 
@@ -449,7 +574,9 @@ def open_push_config_store(
     limits = limits or PushLimits()
     if isinstance(task_store, SQLiteTaskStore):
         return SQLitePushConfigStore(task_store.path, limits=limits, protocol_of=protocol_of)
-    # Replicas' versioned store: its plain store holds the engine they share.
+    if isinstance(task_store, PgTaskStore):
+        return PgPushConfigStore(task_store, limits=limits, protocol_of=protocol_of)
+    # a2a-sdk's versioned store: its plain store holds the engine.
     task_store = getattr(task_store, "as_task_store", task_store)
     if isinstance(task_store, DatabaseTaskStore):
         return _LimitedDatabaseStore(task_store.engine, limits)

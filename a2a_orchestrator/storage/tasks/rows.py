@@ -16,7 +16,8 @@ A write is a `Rows`: the head row, and "the history from `start` on is
 `messages`" (the rows from `start` on are replaced by them). Applied in
 order, such writes leave the history the last one says: an append starts
 at the count already stored, a history that changed in any other way is
-written whole, from 0.
+written whole, from 0 (`save_rows`: the one save logic of both task
+stores, SQLite's and PostgreSQL's). `ListQuery` is their one listing's filter.
 
 Files written before the history had rows of its own (the whole task in
 `data`) are migrated when the store opens them, in one transaction.
@@ -24,23 +25,43 @@ Files written before the history had rows of its own (the whole task in
 
 from __future__ import annotations
 
+import base64
 import sqlite3
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from a2a.types import Task
+from a2a.types import InvalidParamsError, ListTasksRequest, Task, TaskState
+from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 
 __all__ = [
     "HEAD_FIELDS",
+    "TERMINAL",
+    "ListQuery",
     "Rows",
     "TaskRow",
     "entries",
+    "extends",
     "head_of",
+    "last_id",
     "open_schema",
+    "page_token",
     "read_history",
+    "save_rows",
+    "updated_ns",
     "whole_task",
     "write_rows",
 ]
+
+TERMINAL = frozenset(
+    {
+        TaskState.TASK_STATE_COMPLETED,
+        TaskState.TASK_STATE_FAILED,
+        TaskState.TASK_STATE_CANCELED,
+        TaskState.TASK_STATE_REJECTED,
+    }
+)
 
 TaskRow = tuple[str, str, str, int, int, bytes]
 """(id, owner, context_id, state, updated_ns, head): one task's `tasks` row."""
@@ -140,6 +161,77 @@ def entries(task: Task, start: int = 0) -> list[bytes]:
         message = history[index].SerializeToString()
         out.append(_HISTORY_TAG + _varint(len(message)) + message)
     return out
+
+
+def extends(task: Task, count: int, last: str) -> bool:
+    """Whether `task`'s history is a stored one of `count` messages, the
+    last with id `last`, with messages added after it."""
+    if len(task.history) < count:
+        return False
+    return count == 0 or task.history[count - 1].message_id == last
+
+
+def save_rows(task: Task, owner: str, stored: tuple[int, str] | None) -> Rows:
+    """The write of a save of `task` by `owner`, given what the store knows
+    is stored of its history (`stored`: the count of messages and the last
+    one's id; None: not known): the head, and the history from where it
+    extends the stored one (an append), else whole."""
+    start = stored[0] if stored is not None and extends(task, *stored) else 0
+    return Rows(
+        (task.id, owner, task.context_id, int(task.status.state), updated_ns(task), head_of(task)),
+        start,
+        entries(task, start),
+    )
+
+
+def last_id(task: Task) -> str:
+    return task.history[len(task.history) - 1].message_id if task.history else ""
+
+
+def updated_ns(task: Task) -> int:
+    if task.status.HasField("timestamp"):
+        return int(task.status.timestamp.ToNanoseconds())
+    return time.time_ns()
+
+
+def page_token(updated_ns: int, task_id: str) -> str:
+    """The opaque cursor of a listing's next page: after this task."""
+    return base64.urlsafe_b64encode(f"{updated_ns}:{task_id}".encode()).decode()
+
+
+def _page_after(token: str) -> tuple[int, str]:
+    try:
+        updated, _, task_id = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        return int(updated), task_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidParamsError(message=f"Invalid page token: {token}") from exc
+
+
+class ListQuery:
+    """A `ListTasks` request as SQL on `tasks` (newest first: by the status
+    timestamp, then id): `where`/`args` select the tasks counted,
+    `page_where`/`page_args` the page's (after the cursor)."""
+
+    def __init__(self, params: ListTasksRequest, owner: str) -> None:
+        self.where = ["owner = ?"]
+        self.args: list[Any] = [owner]
+        if params.context_id:
+            self.where.append("context_id = ?")
+            self.args.append(params.context_id)
+        if params.status != TaskState.TASK_STATE_UNSPECIFIED:
+            self.where.append("state = ?")
+            self.args.append(int(params.status))
+        if params.HasField("status_timestamp_after"):
+            self.where.append("updated_ns >= ?")
+            self.args.append(params.status_timestamp_after.ToNanoseconds())
+        self.page_where = list(self.where)
+        self.page_args = list(self.args)
+        self.first_page = not params.page_token
+        if params.page_token:
+            updated, task_id = _page_after(params.page_token)
+            self.page_where.append("(updated_ns < ? OR (updated_ns = ? AND id < ?))")
+            self.page_args.extend([updated, updated, task_id])
+        self.page_size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
 
 
 def whole_task(head: bytes, history: Iterable[bytes]) -> Task:

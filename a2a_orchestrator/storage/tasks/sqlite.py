@@ -8,9 +8,10 @@ protobuf bytes in rows (`rows`: the task without its history in one
 row, each history message in a row of its own) and runs plain sqlite3: a
 few hundred microseconds a call in a worker thread, and its writes and
 indexed reads run on the event loop when the file is free
-(`SQLiteFile.write`, `read`), saving the thread hop. For PostgreSQL, or
-several replicas on one database, pass an SQLAlchemy URL and the server
-uses `DatabaseTaskStore`.
+(`SQLiteFile.write`, `read`), saving the thread hop. Replicas on one
+PostgreSQL use `PgTaskStore` (`postgres.py`), the same layout and save
+logic (`rows`) versioned; another SQLAlchemy URL gets a2a-sdk's
+`DatabaseTaskStore`.
 
 Saves: a2a-sdk saves the whole task on every event, and the task grows by
 its history (each status message is moved into it), so a save here writes
@@ -30,7 +31,7 @@ transaction with every other held frame, in order. `list`,
 held first.
 
 The file has one writer, this store (a role server's own SQLite file;
-replicas share a database through `DatabaseTaskStore` instead), so it also
+replicas share a database through `PgTaskStore` instead), so it also
 answers `get` from memory for the tasks still running or waiting here and
 for ids it found absent, without a trip to a worker thread. What it keeps
 of a live task is its head and history messages as bytes, so neither a
@@ -47,34 +48,42 @@ caller cannot continue a conversation in another's context) and
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
 import logging
 import sqlite3
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
 from a2a.server.tasks import DatabaseTaskStore, TaskStore
 from a2a.types import (
-    InvalidParamsError,
     ListTasksRequest,
     ListTasksResponse,
     Message,
     Task,
     TaskState,
 )
-from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 
 from ..sqlitefile import SQLiteFile
 from .observed import inside
-from .rows import Rows, entries, head_of, open_schema, read_history, whole_task, write_rows
+from .rows import (
+    TERMINAL,
+    ListQuery,
+    Rows,
+    extends,
+    last_id,
+    open_schema,
+    page_token,
+    read_history,
+    save_rows,
+    whole_task,
+    write_rows,
+)
 
 __all__ = [
     "Listing",
@@ -88,15 +97,6 @@ __all__ = [
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
-
-_TERMINAL = frozenset(
-    {
-        TaskState.TASK_STATE_COMPLETED,
-        TaskState.TASK_STATE_FAILED,
-        TaskState.TASK_STATE_CANCELED,
-        TaskState.TASK_STATE_REJECTED,
-    }
-)
 
 _REMEMBERED = 4096
 """Live tasks, and ids found absent, answered from memory (most recent)."""
@@ -119,13 +119,6 @@ class _Known:
     written_artifacts: bytes
     """The artifacts on disk (serialized); a save that changes them is written at once."""
 
-    def extended_by(self, task: Task) -> bool:
-        """Whether `task`'s history is this one with messages added after it."""
-        count = len(self.history)
-        if len(task.history) < count:
-            return False
-        return count == 0 or task.history[count - 1].message_id == self.last_id
-
     def update(self, head: bytes, rows: Rows, last_id: str) -> None:
         self.head = head
         del self.history[rows.start :]
@@ -138,28 +131,6 @@ class _Known:
 
 def _artifacts(task: Task) -> bytes:
     return b"".join(artifact.SerializeToString() for artifact in task.artifacts)
-
-
-def _last_id(task: Task) -> str:
-    return task.history[len(task.history) - 1].message_id if task.history else ""
-
-
-def _updated_ns(task: Task) -> int:
-    if task.status.HasField("timestamp"):
-        return int(task.status.timestamp.ToNanoseconds())
-    return time.time_ns()
-
-
-def _cursor(updated_ns: int, task_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{updated_ns}:{task_id}".encode()).decode()
-
-
-def _uncursor(token: str) -> tuple[int, str]:
-    try:
-        updated, _, task_id = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
-        return int(updated), task_id
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidParamsError(message=f"Invalid page token: {token}") from exc
 
 
 def _with_history(conn: sqlite3.Connection, task_id: str, head: bytes) -> Task:
@@ -274,7 +245,7 @@ class SQLiteTaskStore(TaskStore):
             self._absent.popitem(last=False)
 
     def _may_hold(self, task: Task, owner: str, state: int) -> bool:
-        if self._coalesce <= 0 or state in _TERMINAL or self._closed:
+        if self._coalesce <= 0 or state in TERMINAL or self._closed:
             return False
         known = self._known.get(task.id)
         if known is None or known.owner != owner or known.written_state != state:
@@ -288,21 +259,17 @@ class SQLiteTaskStore(TaskStore):
     async def save(self, task: Task, context: ServerCallContext) -> None:
         owner = self._owner(context)
         state = int(task.status.state)
-        head = head_of(task)
         known = self._known.get(task.id)
         # What this store holds of the task: its history is written from
         # there on (an append), or whole when it is not an extension of it.
-        extends = known is not None and known.owner == owner and known.extended_by(task)
-        start = len(known.history) if known is not None and extends else 0
-        rows = Rows(
-            (task.id, owner, task.context_id, state, _updated_ns(task), head),
-            start,
-            entries(task, start),
-        )
-        last_id = _last_id(task)
+        stored = (len(known.history), known.last_id) if known and known.owner == owner else None
+        extended = stored is not None and extends(task, *stored)
+        rows = save_rows(task, owner, stored)
+        head, start = rows.row[5], rows.start
+        last = last_id(task)
         if self._may_hold(task, owner, state):
             assert known is not None
-            known.update(head, rows, last_id)
+            known.update(head, rows, last)
             self._known.move_to_end(task.id)
             self._hold(rows)
             self._schedule_flush()
@@ -316,17 +283,17 @@ class SQLiteTaskStore(TaskStore):
             self._put_back(writes[:-1])
             raise
         current = self._known.get(task.id)
-        if not ours or state in _TERMINAL:
+        if not ours or state in TERMINAL:
             self._known.pop(task.id, None)
             self._absent.pop(task.id, None)
-        elif current is not None and current is known and extends:
-            current.update(head, rows, last_id)
+        elif current is not None and current is known and extended:
+            current.update(head, rows, last)
             current.written_state = state
             current.written_artifacts = _artifacts(task)
             self._remember(task.id, current)
         elif start == 0:
             self._remember(
-                task.id, _Known(owner, head, rows.messages, last_id, state, _artifacts(task))
+                task.id, _Known(owner, head, rows.messages, last, state, _artifacts(task))
             )
         else:
             # Saved meanwhile from a version this write did not start from
@@ -386,8 +353,8 @@ class SQLiteTaskStore(TaskStore):
             return None
         head, row_owner, state, messages = found
         task = whole_task(head, messages)
-        if state not in _TERMINAL:
-            known = _Known(row_owner, head, messages, _last_id(task), state, _artifacts(task))
+        if state not in TERMINAL:
+            known = _Known(row_owner, head, messages, last_id(task), state, _artifacts(task))
             self._remember(task_id, known)
         return task if row_owner == owner else None
 
@@ -412,24 +379,10 @@ class SQLiteTaskStore(TaskStore):
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         """Newest first (by the status timestamp, then id), paged by an opaque cursor."""
-        where = ["owner = ?"]
-        args: list[Any] = [self._owner(context)]
-        if params.context_id:
-            where.append("context_id = ?")
-            args.append(params.context_id)
-        if params.status != TaskState.TASK_STATE_UNSPECIFIED:
-            where.append("state = ?")
-            args.append(int(params.status))
-        if params.HasField("status_timestamp_after"):
-            where.append("updated_ns >= ?")
-            args.append(params.status_timestamp_after.ToNanoseconds())
-        page_where = list(where)
-        page_args = list(args)
-        if params.page_token:
-            updated, task_id = _uncursor(params.page_token)
-            page_where.append("(updated_ns < ? OR (updated_ns = ? AND id < ?))")
-            page_args.extend([updated, updated, task_id])
-        page_size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
+        listing = ListQuery(params, self._owner(context))
+        where, args = listing.where, listing.args
+        page_where, page_args = listing.page_where, listing.page_args
+        page_size = listing.page_size
 
         held = self._take_held()
 
@@ -454,7 +407,7 @@ class SQLiteTaskStore(TaskStore):
         total, tasks, last = await run(query)
         return ListTasksResponse(
             tasks=tasks,
-            next_page_token=_cursor(*last) if last is not None else "",
+            next_page_token=page_token(*last) if last is not None else "",
             total_size=total,
             page_size=page_size,
         )
@@ -541,8 +494,10 @@ async def task_opened_by(
     `message_id` opened (the first of its history: a repeat of that message
     finds it), or None: by `SQLiteTaskStore.task_opened_by` for our store,
     else by listing the context's tasks page by page."""
+    from .postgres import PgTaskStore  # beside: postgres imports rows, not this module
+
     inner = inside(store)
-    if isinstance(inner, SQLiteTaskStore):
+    if isinstance(inner, (SQLiteTaskStore, PgTaskStore)):
         return await inner.task_opened_by(context_id, message_id, context)
     async for task in context_tasks(store, context_id, context):
         if task.history and task.history[0].message_id == message_id:
@@ -569,8 +524,10 @@ async def context_owners(store: object, context_id: str) -> set[str] | None:
     """The owners of the tasks in `context_id` (any owner's; empty: the
     context has no task), for the stores that can tell (ours, a2a-sdk's SQL
     store); None for other stores."""
+    from .postgres import PgTaskStore
+
     store = inside(store)  # observed for quotas, metrics, the executor
-    if isinstance(store, SQLiteTaskStore):
+    if isinstance(store, (SQLiteTaskStore, PgTaskStore)):
         return await store.context_owners(context_id)
     if isinstance(store, DatabaseTaskStore):
         from sqlalchemy import select
