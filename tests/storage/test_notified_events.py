@@ -58,8 +58,7 @@ async def replicas(postgres: Postgres, *, poll: float) -> AsyncIterator[tuple[Re
             stores.notifier.retry = 0.2
             await stores.initialize()
             await stack.enter_async_context(stores.notifier.running())
-            stack.push_async_callback(stores.engine.dispose)
-            stack.callback(stores.close)
+            stack.push_async_callback(stores.close)
             made.append(Replica(stores))
         for replica in made:
             while not replica.stores.notifier.up:
