@@ -131,7 +131,8 @@ class PgConnection:
                 raise StoreError(f"{self.what} {self.path}: {exc}") from exc
 
     def is_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, self._asyncpg.PostgresError)
+        # What `run` raises as a `StoreError`: the driver's refusals too.
+        return isinstance(exc, OSError | self._asyncpg.PostgresError | self._asyncpg.InterfaceError)
 
     def close(self) -> None:
         # Synchronous, as `Store.close`: the connection is dropped, not drained.
