@@ -110,7 +110,14 @@ class PgConnection:
             except (OSError, self._asyncpg.PostgresError) as exc:
                 raise StoreError(f"cannot open {self.what} {self.path}: {exc}") from exc
             if self._migrations:
-                await self._migrate(Tx(self._conn))
+                try:
+                    await self._migrate(Tx(self._conn))
+                except BaseException:
+                    # Dropped: the next call opens again and migrates again,
+                    # rather than running on an unmigrated database.
+                    self._conn.terminate()
+                    self._conn = None
+                    raise
         return self._conn
 
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
@@ -124,7 +131,8 @@ class PgConnection:
                 raise StoreError(f"{self.what} {self.path}: {exc}") from exc
 
     def is_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, self._asyncpg.PostgresError)
+        # What `run` raises as a `StoreError`: the driver's refusals too.
+        return isinstance(exc, OSError | self._asyncpg.PostgresError | self._asyncpg.InterfaceError)
 
     def close(self) -> None:
         # Synchronous, as `Store.close`: the connection is dropped, not drained.
