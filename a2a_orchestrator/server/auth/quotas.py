@@ -177,8 +177,11 @@ class Quotas:
     @contextlib.asynccontextmanager
     async def admitted(self, context: ServerCallContext) -> AsyncIterator[None]:
         """Admit the request's work for the block (or raise its refusal)."""
-        await self.admit(context)
         try:
+            # Inside: an admission that fails after counting (its slot
+            # taken, then the usage write failing) is taken back too, not
+            # left counting (a slot is renewed with its replica's others).
+            await self.admit(context)
             yield
         finally:
             await self._end_admission(context)
