@@ -15,8 +15,9 @@ role's executor, plus what lets N processes serve one role together.
   same statement (`PgTaskStore.hand_back`): given back before, a crash in
   between would leave the task working with nobody to adopt it. That save
   may come before the turn's execution returns (what follows the end writes
-  nothing to the task). An end another replica wrote (a cancel), or a turn
-  whose end's save failed, gives it back at the next renewal. A follow-up
+  nothing to the task). An end another replica wrote (a cancel) gives it
+  back at the next renewal, a turn whose end's save failed within
+  `_END_SAVE_LIMIT` seconds of its execution's return. A follow-up
   message on a replica that does not hold the conversation in memory (or
   whose copy is stale: another replica took a turn since) rebuilds it from
   the stored history, as a restarted server does. A message for a task whose
@@ -403,12 +404,15 @@ class ReplicaExecutor(RoleExecutor):
             state = states.get(task_id)
             # Ended by another replica's write (a cancel), or its end's save
             # failed: nothing gives the lease back but this. A task not
-            # stored yet (the SDK's writes lag its execution) keeps it, unless
-            # nothing was stored for `_END_SAVE_LIMIT` seconds.
-            if state is None:
+            # stored yet, or stored still running (the SDK's writes lag its
+            # execution), keeps it, unless its end was not stored for
+            # `_END_SAVE_LIMIT` seconds: that save failed, and the context is
+            # free again as on one server (renewed, the lease would keep a
+            # follow-up on another replica waiting for good).
+            if state is None or state in _ADOPTABLE:
                 ended = time.monotonic() - returned > _END_SAVE_LIMIT
             else:
-                ended = state not in _ADOPTABLE
+                ended = True
             if ended:
                 await self._release(context_id, task_id)
         for lease in await self.leases.expired():
