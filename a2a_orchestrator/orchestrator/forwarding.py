@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 
+import anyio
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -98,10 +99,12 @@ class SessionForwarding:
         body = await _read_body(receive)
         session_id = session_of(body)
         owner = await self.leases.elsewhere(session_id) if session_id else None
-        if owner is None or not await self._forward(scope, body, owner, send):
+        if owner is None or not await self._forward(scope, body, owner, receive, send):
             await self.app(scope, _replay(body, receive), send)
 
-    async def _forward(self, scope: Scope, body: bytes, owner: str, send: Send) -> bool:
+    async def _forward(
+        self, scope: Scope, body: bytes, owner: str, receive: Receive, send: Send
+    ) -> bool:
         """Send the request to `owner` and its answer back; False if the
         owner could not be reached (nothing was sent to the client)."""
         url = owner.rstrip("/") + scope["path"]
@@ -114,7 +117,6 @@ class SessionForwarding:
         ]
         headers.append((FORWARDED_HEADER, self.leases.owner))
         timeout = httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)
-        started = False
         async with httpx.AsyncClient(timeout=timeout) as client:
             try:
                 request = client.build_request("POST", url, content=body, headers=headers)
@@ -123,29 +125,50 @@ class SessionForwarding:
                 logger.warning("could not forward a request to the replica at %s: %s", owner, exc)
                 return False
             try:
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status_code,
-                        "headers": [
-                            (name, value)
-                            for name, value in response.headers.raw
-                            if name.lower() not in _HOP_BY_HOP
-                        ],
-                    }
-                )
-                started = True
-                async for chunk in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except httpx.TransportError as exc:
-                # The owner went away mid-answer: the client's answer ends here.
-                logger.warning("forwarding to the replica at %s broke off: %s", owner, exc)
-                if started:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                # A caller gone ends the relay (the server drops what is
+                # sent to it after): else it would read the owner's stream
+                # to its end, a whole turn, holding the owner's connection
+                # and the caller's stream slot there.
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+                    await _relay(response, owner, send)
+                    tg.cancel_scope.cancel()
             finally:
                 await response.aclose()
         return True
+
+
+async def _relay(response: httpx.Response, owner: str, send: Send) -> None:
+    """The owner's answer to the caller, as it arrives."""
+    started = False
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [
+                    (name, value)
+                    for name, value in response.headers.raw
+                    if name.lower() not in _HOP_BY_HOP
+                ],
+            }
+        )
+        started = True
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except httpx.TransportError as exc:
+        # The owner went away mid-answer: the client's answer ends here.
+        logger.warning("forwarding to the replica at %s broke off: %s", owner, exc)
+        if started:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` when the caller disconnects (its body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 async def _read_body(receive: Receive) -> bytes:
