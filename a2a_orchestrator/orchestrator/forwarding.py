@@ -117,25 +117,35 @@ class SessionForwarding:
         ]
         headers.append((FORWARDED_HEADER, self.leases.owner))
         timeout = httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)
+        forwarded = True  # a caller gone meanwhile gets no answer from here either
         async with httpx.AsyncClient(timeout=timeout) as client:
-            try:
+            # A caller gone ends the exchange (the server drops what is sent
+            # to it after): else it would wait for the owner's answer and
+            # read it to its end, a whole turn, holding the owner's
+            # connection and the caller's stream slot there.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
                 request = client.build_request("POST", url, content=body, headers=headers)
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as exc:
-                logger.warning("could not forward a request to the replica at %s: %s", owner, exc)
-                return False
-            try:
-                # A caller gone ends the relay (the server drops what is
-                # sent to it after): else it would read the owner's stream
-                # to its end, a whole turn, holding the owner's connection
-                # and the caller's stream slot there.
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
-                    await _relay(response, owner, send)
-                    tg.cancel_scope.cancel()
-            finally:
-                await response.aclose()
-        return True
+                forwarded = await _exchange(client, request, owner, send)
+                tg.cancel_scope.cancel()
+        return forwarded
+
+
+async def _exchange(
+    client: httpx.AsyncClient, request: httpx.Request, owner: str, send: Send
+) -> bool:
+    """Send `request` to the owner and its answer to the caller; False if
+    the owner could not be reached (nothing was sent to the caller)."""
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TransportError as exc:
+        logger.warning("could not forward a request to the replica at %s: %s", owner, exc)
+        return False
+    try:
+        await _relay(response, owner, send)
+    finally:
+        await response.aclose()
+    return True
 
 
 async def _relay(response: httpx.Response, owner: str, send: Send) -> None:
