@@ -194,9 +194,9 @@ class ReplicaExecutor(RoleExecutor):
         """Context id -> the task whose turn runs here under its lease."""
         self._giving: dict[str, HandBack] = {}
         """Context id -> how the turn running here gives its lease back."""
-        self._ending: dict[str, tuple[str, HandBack, float]] = {}
-        """Context id -> (task id, lease hand-back, when execution returned)
-        of a turn over whose end is not stored yet."""
+        self._ending: dict[str, tuple[str, HandBack, float, str]] = {}
+        """Context id -> (task id, lease hand-back, when execution returned,
+        the task's owner) of a turn over whose end is not stored yet."""
         self._turns_seen: dict[str, int] = {}
         """Context id -> the turn count when this replica last took its lease."""
         self._adopting: dict[str, Claim] = {}
@@ -301,7 +301,7 @@ class ReplicaExecutor(RoleExecutor):
             elif not hand_back.given:
                 # Its end is not written yet: the save that writes it gives
                 # the lease back (else the renewal loop does).
-                self._ending[context_id] = (task_id, hand_back, time.monotonic())
+                self._ending[context_id] = (task_id, hand_back, time.monotonic(), owner)
 
     async def _after_turn_elsewhere(self, context_id: str, task_id: str, owner: str) -> Claim:
         """The context's lease, taken once the turn another replica runs in
@@ -378,7 +378,7 @@ class ReplicaExecutor(RoleExecutor):
                 logger.warning("lease upkeep failed (retried in %g s): %s", self.settings.poll, exc)
 
     async def _tend(self) -> None:
-        for context_id, (_task, hand_back, _returned) in list(self._ending.items()):
+        for context_id, (_task, hand_back, _returned, _owner) in list(self._ending.items()):
             if hand_back.given:
                 del self._ending[context_id]
         # A turn whose end is written gave its lease back (its execution
@@ -398,7 +398,7 @@ class ReplicaExecutor(RoleExecutor):
         for task_id in held.values():
             if states.get(task_id) == TaskState.TASK_STATE_CANCELED:
                 self._abort(task_id, "aborted", "canceled by request")
-        for context_id, (task_id, hand_back, returned) in list(self._ending.items()):
+        for context_id, (task_id, hand_back, returned, owner) in list(self._ending.items()):
             if hand_back.given or hand_back.giving:
                 continue
             state = states.get(task_id)
@@ -409,12 +409,12 @@ class ReplicaExecutor(RoleExecutor):
             # `_END_SAVE_LIMIT` seconds: that save failed, and the context is
             # free again as on one server (renewed, the lease would keep a
             # follow-up on another replica waiting for good).
-            if state is None or state in _ADOPTABLE:
-                ended = time.monotonic() - returned > _END_SAVE_LIMIT
-            else:
-                ended = True
-            if ended:
+            abandoned = state is None or state in _ADOPTABLE
+            if not abandoned or time.monotonic() - returned > _END_SAVE_LIMIT:
                 await self._release(context_id, task_id)
+                if abandoned and self.quotas is not None:
+                    # Its end's save would have freed its caller's slot.
+                    await self.quotas.abandoned(owner, task_id)
         for lease in await self.leases.expired():
             claim = await self.leases.adopt(lease)
             if claim is not None and self._tg is not None:

@@ -300,6 +300,16 @@ class Quotas:
         if self.slots is not None and self._limits(owner).concurrent_tasks is not None:
             await self.slots.hold(owner, task_id)
 
+    async def abandoned(self, owner: str, task_id: str) -> None:
+        """Stop counting a turn whose end could not be stored (it runs no
+        more; the save that would have ended its count failed)."""
+        self._caller(owner).running.discard(task_id)
+        if self.slots is not None:
+            try:
+                await self.slots.free(owner, task_id)
+            except StoreError as exc:
+                logger.warning("could not free task %s's quota slot: %s", task_id, exc)
+
     def _undo(self, context: ServerCallContext, state: _Caller, start: float) -> None:
         """Take back an admission refused after it was counted here."""
         self.release(context)
