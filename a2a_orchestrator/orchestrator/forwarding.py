@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 
+import anyio
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -98,10 +99,12 @@ class SessionForwarding:
         body = await _read_body(receive)
         session_id = session_of(body)
         owner = await self.leases.elsewhere(session_id) if session_id else None
-        if owner is None or not await self._forward(scope, body, owner, send):
+        if owner is None or not await self._forward(scope, body, owner, receive, send):
             await self.app(scope, _replay(body, receive), send)
 
-    async def _forward(self, scope: Scope, body: bytes, owner: str, send: Send) -> bool:
+    async def _forward(
+        self, scope: Scope, body: bytes, owner: str, receive: Receive, send: Send
+    ) -> bool:
         """Send the request to `owner` and its answer back; False if the
         owner could not be reached (nothing was sent to the client)."""
         url = owner.rstrip("/") + scope["path"]
@@ -114,38 +117,68 @@ class SessionForwarding:
         ]
         headers.append((FORWARDED_HEADER, self.leases.owner))
         timeout = httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)
-        started = False
+        forwarded = True  # a caller gone meanwhile gets no answer from here either
         async with httpx.AsyncClient(timeout=timeout) as client:
-            try:
+            # A caller gone ends the exchange (the server drops what is sent
+            # to it after): else it would wait for the owner's answer and
+            # read it to its end, a whole turn, holding the owner's
+            # connection and the caller's stream slot there.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
                 request = client.build_request("POST", url, content=body, headers=headers)
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as exc:
-                logger.warning("could not forward a request to the replica at %s: %s", owner, exc)
-                return False
-            try:
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status_code,
-                        "headers": [
-                            (name, value)
-                            for name, value in response.headers.raw
-                            if name.lower() not in _HOP_BY_HOP
-                        ],
-                    }
-                )
-                started = True
-                async for chunk in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except httpx.TransportError as exc:
-                # The owner went away mid-answer: the client's answer ends here.
-                logger.warning("forwarding to the replica at %s broke off: %s", owner, exc)
-                if started:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-            finally:
-                await response.aclose()
-        return True
+                forwarded = await _exchange(client, request, owner, send)
+                tg.cancel_scope.cancel()
+        return forwarded
+
+
+async def _exchange(
+    client: httpx.AsyncClient, request: httpx.Request, owner: str, send: Send
+) -> bool:
+    """Send `request` to the owner and its answer to the caller; False if
+    the owner could not be reached (nothing was sent to the caller)."""
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TransportError as exc:
+        logger.warning("could not forward a request to the replica at %s: %s", owner, exc)
+        return False
+    try:
+        await _relay(response, owner, send)
+    finally:
+        await response.aclose()
+    return True
+
+
+async def _relay(response: httpx.Response, owner: str, send: Send) -> None:
+    """The owner's answer to the caller, as it arrives."""
+    started = False
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [
+                    (name, value)
+                    for name, value in response.headers.raw
+                    if name.lower() not in _HOP_BY_HOP
+                ],
+            }
+        )
+        started = True
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except httpx.TransportError as exc:
+        # The owner went away mid-answer: the client's answer ends here.
+        logger.warning("forwarding to the replica at %s broke off: %s", owner, exc)
+        if started:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` when the caller disconnects (its body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -15,8 +15,9 @@ role's executor, plus what lets N processes serve one role together.
   same statement (`PgTaskStore.hand_back`): given back before, a crash in
   between would leave the task working with nobody to adopt it. That save
   may come before the turn's execution returns (what follows the end writes
-  nothing to the task). An end another replica wrote (a cancel), or a turn
-  whose end's save failed, gives it back at the next renewal. A follow-up
+  nothing to the task). An end another replica wrote (a cancel) gives it
+  back at the next renewal, a turn whose end's save failed within
+  `_END_SAVE_LIMIT` seconds of its execution's return. A follow-up
   message on a replica that does not hold the conversation in memory (or
   whose copy is stale: another replica took a turn since) rebuilds it from
   the stored history, as a restarted server does. A message for a task whose
@@ -193,9 +194,9 @@ class ReplicaExecutor(RoleExecutor):
         """Context id -> the task whose turn runs here under its lease."""
         self._giving: dict[str, HandBack] = {}
         """Context id -> how the turn running here gives its lease back."""
-        self._ending: dict[str, tuple[str, HandBack, float]] = {}
-        """Context id -> (task id, lease hand-back, when execution returned)
-        of a turn over whose end is not stored yet."""
+        self._ending: dict[str, tuple[str, HandBack, float, str]] = {}
+        """Context id -> (task id, lease hand-back, when execution returned,
+        the task's owner) of a turn over whose end is not stored yet."""
         self._turns_seen: dict[str, int] = {}
         """Context id -> the turn count when this replica last took its lease."""
         self._adopting: dict[str, Claim] = {}
@@ -300,7 +301,7 @@ class ReplicaExecutor(RoleExecutor):
             elif not hand_back.given:
                 # Its end is not written yet: the save that writes it gives
                 # the lease back (else the renewal loop does).
-                self._ending[context_id] = (task_id, hand_back, time.monotonic())
+                self._ending[context_id] = (task_id, hand_back, time.monotonic(), owner)
 
     async def _after_turn_elsewhere(self, context_id: str, task_id: str, owner: str) -> Claim:
         """The context's lease, taken once the turn another replica runs in
@@ -377,7 +378,7 @@ class ReplicaExecutor(RoleExecutor):
                 logger.warning("lease upkeep failed (retried in %g s): %s", self.settings.poll, exc)
 
     async def _tend(self) -> None:
-        for context_id, (_task, hand_back, _returned) in list(self._ending.items()):
+        for context_id, (_task, hand_back, _returned, _owner) in list(self._ending.items()):
             if hand_back.given:
                 del self._ending[context_id]
         # A turn whose end is written gave its lease back (its execution
@@ -397,20 +398,23 @@ class ReplicaExecutor(RoleExecutor):
         for task_id in held.values():
             if states.get(task_id) == TaskState.TASK_STATE_CANCELED:
                 self._abort(task_id, "aborted", "canceled by request")
-        for context_id, (task_id, hand_back, returned) in list(self._ending.items()):
+        for context_id, (task_id, hand_back, returned, owner) in list(self._ending.items()):
             if hand_back.given or hand_back.giving:
                 continue
             state = states.get(task_id)
             # Ended by another replica's write (a cancel), or its end's save
             # failed: nothing gives the lease back but this. A task not
-            # stored yet (the SDK's writes lag its execution) keeps it, unless
-            # nothing was stored for `_END_SAVE_LIMIT` seconds.
-            if state is None:
-                ended = time.monotonic() - returned > _END_SAVE_LIMIT
-            else:
-                ended = state not in _ADOPTABLE
-            if ended:
+            # stored yet, or stored still running (the SDK's writes lag its
+            # execution), keeps it, unless its end was not stored for
+            # `_END_SAVE_LIMIT` seconds: that save failed, and the context is
+            # free again as on one server (renewed, the lease would keep a
+            # follow-up on another replica waiting for good).
+            abandoned = state is None or state in _ADOPTABLE
+            if not abandoned or time.monotonic() - returned > _END_SAVE_LIMIT:
                 await self._release(context_id, task_id)
+                if abandoned and self.quotas is not None:
+                    # Its end's save would have freed its caller's slot.
+                    await self.quotas.abandoned(owner, task_id)
         for lease in await self.leases.expired():
             claim = await self.leases.adopt(lease)
             if claim is not None and self._tg is not None:

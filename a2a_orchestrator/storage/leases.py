@@ -118,10 +118,15 @@ class LeaseTable:
         url: str = "",
         task_id: str = "",
         owner: str = "",
+        expired: bool = True,
     ) -> Lease:
         """Take the lease of `key` for `holder` (free, expired, or already
         its own: renewed) unless another holds a live one; the lease as it
-        stands after (its holder says who won)."""
+        stands after (its holder says who won). Not `expired`: another
+        holder's expired lease is not taken either (it awaits adoption)."""
+        taken_when = f"l.holder IS NULL OR l.holder = excluded.holder OR l.expires_at < {_NOW}"
+        if not expired:
+            taken_when = "l.holder IS NULL OR l.holder = excluded.holder"
 
         async def claim(tx: Tx) -> Lease:
             await tx.execute(
@@ -129,8 +134,7 @@ class LeaseTable:
                 f"expires_at) VALUES (?, ?, ?, ?, ?, ?, 1, {_NOW} + ?::float8) "
                 "ON CONFLICT (kind, key) DO UPDATE SET holder = excluded.holder, "
                 "url = excluded.url, task_id = excluded.task_id, owner = excluded.owner, "
-                "expires_at = excluded.expires_at, turns = l.turns + 1 "
-                f"WHERE l.holder IS NULL OR l.holder = excluded.holder OR l.expires_at < {_NOW}",
+                f"expires_at = excluded.expires_at, turns = l.turns + 1 WHERE {taken_when}",
                 (self.kind, key, holder, url, task_id, owner, seconds),
             )
             row = await tx.fetchrow(_SELECT + " WHERE kind = ? AND key = ?", (self.kind, key))
@@ -248,10 +252,12 @@ class ConversationLeases:
         await self.table.create()
 
     async def acquire(self, context_id: str, task_id: str, owner: str) -> Claim | None:
-        """Take the context's lease for `task_id` (free, expired, or already
-        this replica's); None while another replica holds it."""
+        """Take the context's lease for `task_id` (free or already this
+        replica's); None while another replica holds it, even expired: a dead
+        replica's turn is adopted first (`adopt`), else taking its lease
+        would leave that task working with nobody to adopt it."""
         lease = await self.table.claim(
-            context_id, self.replica, self.seconds, task_id=task_id, owner=owner
+            context_id, self.replica, self.seconds, task_id=task_id, owner=owner, expired=False
         )
         return Claim(turns=lease.turns) if lease.holder == self.replica else None
 

@@ -13,7 +13,8 @@ Contract:
 - `running()` keeps the connection: it connects, LISTENs to every
   channel, and reconnects `retry` seconds after the connection drops (a
   database restart, `pg_terminate_backend`), then every `retry` seconds
-  until it succeeds.
+  until it succeeds; a connection that does not answer a ping within
+  `ping` seconds (checked every `ping` seconds) counts as dropped.
 - A notification sent while the connection is down is lost: `up` says
   whether notifications arrive now, and every change of it is told to the
   `on_change` callbacks (after the LISTENs, when it comes back up), so a
@@ -45,6 +46,12 @@ MAX_PAYLOAD = 8000
 RETRY = 1.0
 """Seconds between attempts to reconnect a dropped listening connection."""
 
+PING = 10.0
+"""Seconds between checks that the listening connection still answers (and
+the time it has to answer): a connection cut without a reset (a network
+partition, a firewall's idle timeout) is otherwise taken for a live one,
+and its notifications are lost with nobody polling."""
+
 
 async def notify(tx: Tx, channel: str, payload: str) -> None:
     """Send `payload` on `channel` (delivered at the commit of `tx`'s transaction)."""
@@ -56,7 +63,7 @@ async def notify(tx: Tx, channel: str, payload: str) -> None:
 class Notifier:
     """One listening connection to the database at `url` (module docstring)."""
 
-    def __init__(self, url: str, *, retry: float = RETRY) -> None:
+    def __init__(self, url: str, *, retry: float = RETRY, ping: float = PING) -> None:
         try:
             import asyncpg
         except ImportError as exc:  # the optional extra is missing
@@ -66,6 +73,10 @@ class Notifier:
         self._asyncpg = asyncpg
         self.url = url
         self.retry = retry
+        self.ping = ping
+        # One operation at a time on the connection (asyncpg refuses two):
+        # a LISTEN added while it runs and the pings.
+        self._lock = anyio.Lock()
         self.up = False
         """Whether notifications arrive now (the connection listens)."""
         self._callbacks: dict[str, list[Callable[[str], None]]] = {}
@@ -80,7 +91,8 @@ class Notifier:
         self._callbacks.setdefault(channel, []).append(callback)
         if new and self.up:
             try:
-                await self._conn.add_listener(channel, self._dispatch)
+                async with self._lock:
+                    await self._conn.add_listener(channel, self._dispatch)
             except (OSError, self._asyncpg.PostgresError, self._asyncpg.InterfaceError):
                 # The connection is going: the reconnect LISTENs to it.
                 logger.debug("LISTEN %s on a dropping connection", channel, exc_info=True)
@@ -138,8 +150,10 @@ class Notifier:
                 continue
             self.connections += 1
             self._set_up(True)
-            await dropped.wait()
+            await self._until_dropped(dropped)
             self._set_up(False)
+            if not self._conn.is_closed():
+                self._conn.terminate()
             logger.warning(
                 "the notification connection to %s dropped; reconnecting in %g s",
                 _shown(self.url),
@@ -148,6 +162,27 @@ class Notifier:
             # Not at once: a database that just dropped its connections (a
             # restart, a failover) is not hammered; the users poll meanwhile.
             await anyio.sleep(self.retry)
+
+    async def _until_dropped(self, dropped: anyio.Event) -> None:
+        """Return when the connection drops or stops answering pings."""
+        while True:
+            with anyio.move_on_after(self.ping):
+                await dropped.wait()
+                return
+            try:
+                with anyio.fail_after(self.ping):
+                    async with self._lock:
+                        await self._conn.fetchval("SELECT 1")
+            except (
+                OSError,
+                TimeoutError,
+                self._asyncpg.PostgresError,
+                self._asyncpg.InterfaceError,
+            ) as exc:
+                logger.warning(
+                    "the notification connection to %s does not answer: %r", _shown(self.url), exc
+                )
+                return
 
     def _dispatch(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
         for callback in list(self._callbacks.get(channel, ())):

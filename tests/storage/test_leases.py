@@ -39,6 +39,8 @@ async def test_sessions_and_conversations_share_one_table(postgres: Postgres) ->
             second = await b.acquire("k1", "t2", "bob")
             # B dies: its lease runs out; A takes it over, one more turn.
             await b.table.give_back("k1", "B", hand_off=True)
+            # Not by a new turn: B's turn is adopted first.
+            jumped = await a.acquire("k1", "t3", "bob")
             (stale,) = await a.expired()
             adopted = await a.adopt(stale)
             lost = await b.adopt(
@@ -54,6 +56,7 @@ async def test_sessions_and_conversations_share_one_table(postgres: Postgres) ->
     assert refused is None
     assert holders[0] == "A" and holders[1] is not None and holders[1].holder == "S"
     assert second is not None and second.turns == 2
+    assert jumped is None
     assert (stale.context_id, stale.task_id, stale.owner, stale.replica) == ("k1", "t2", "bob", "B")
     assert adopted is not None and adopted.turns == 3
     assert lost is None

@@ -177,8 +177,11 @@ class Quotas:
     @contextlib.asynccontextmanager
     async def admitted(self, context: ServerCallContext) -> AsyncIterator[None]:
         """Admit the request's work for the block (or raise its refusal)."""
-        await self.admit(context)
         try:
+            # Inside: an admission that fails after counting (its slot
+            # taken, then the usage write failing) is taken back too, not
+            # left counting (a slot is renewed with its replica's others).
+            await self.admit(context)
             yield
         finally:
             await self._end_admission(context)
@@ -296,6 +299,16 @@ class Quotas:
         replicas only: a single server adopts nothing); its end frees it."""
         if self.slots is not None and self._limits(owner).concurrent_tasks is not None:
             await self.slots.hold(owner, task_id)
+
+    async def abandoned(self, owner: str, task_id: str) -> None:
+        """Stop counting a turn whose end could not be stored (it runs no
+        more; the save that would have ended its count failed)."""
+        self._caller(owner).running.discard(task_id)
+        if self.slots is not None:
+            try:
+                await self.slots.free(owner, task_id)
+            except StoreError as exc:
+                logger.warning("could not free task %s's quota slot: %s", task_id, exc)
 
     def _undo(self, context: ServerCallContext, state: _Caller, start: float) -> None:
         """Take back an admission refused after it was counted here."""
