@@ -254,7 +254,11 @@ class Quotas:
         if self.slots is not None and limits.concurrent_tasks is not None:
             key = f"admission:{uuid.uuid4().hex}"
             try:
-                taken = await self.slots.take(owner, key, limits.concurrent_tasks)
+                # Shielded: a request cancelled once the slot's row is
+                # committed would leave it counting, renewed with this
+                # replica's others, with nobody to free it.
+                with anyio.CancelScope(shield=True):
+                    taken = await self.slots.take(owner, key, limits.concurrent_tasks)
             except BaseException:
                 self._undo(context, state, now)
                 raise
