@@ -213,6 +213,21 @@ CREATE TABLE IF NOT EXISTS push_configs (
 """
 
 
+def _kept_row(
+    limits: PushLimits,
+    task_id: str,
+    notification_config: TaskPushNotificationConfig,
+    owner: str,
+    protocol: str,
+) -> tuple[TaskPushNotificationConfig, tuple[str, str, str, bytes, str]]:
+    """A config as both database stores keep it: its fields within `limits`
+    (else refused), unknown fields dropped, normalized; and its row
+    (task, config id, owner, protobuf bytes, protocol version)."""
+    limits.check_sizes(notification_config)
+    config = normalize_push_notification_config(task_id, _known_fields(notification_config))
+    return config, (task_id, config.id, owner, config.SerializeToString(), protocol)
+
+
 class SQLitePushConfigStore(PushNotificationConfigStore):
     """Push configs in a table of one SQLite file (see the module docstring)."""
 
@@ -249,13 +264,11 @@ class SQLitePushConfigStore(PushNotificationConfigStore):
         notification_config: TaskPushNotificationConfig,
         context: ServerCallContext,
     ) -> TaskPushNotificationConfig:
-        self.limits.check_sizes(notification_config)
-        config = normalize_push_notification_config(task_id, _known_fields(notification_config))
-        row = (
+        config, row = _kept_row(
+            self.limits,
             task_id,
-            config.id,
+            notification_config,
             self._owner(context),
-            config.SerializeToString(),
             self._protocol_of(context),
         )
 
@@ -382,13 +395,11 @@ class PgPushConfigStore(PushNotificationConfigStore):
         notification_config: TaskPushNotificationConfig,
         context: ServerCallContext,
     ) -> TaskPushNotificationConfig:
-        self.limits.check_sizes(notification_config)
-        config = normalize_push_notification_config(task_id, _known_fields(notification_config))
-        row = (
+        config, row = _kept_row(
+            self.limits,
             task_id,
-            config.id,
+            notification_config,
             self._owner(context),
-            config.SerializeToString(),
             self._protocol_of(context),
         )
 
